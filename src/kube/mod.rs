@@ -1,0 +1,1 @@
+//! Kubernetes API access: client, list-watch reflectors, Lease election.
