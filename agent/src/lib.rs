@@ -1,7 +1,22 @@
 //! HAPTIC agent library.
 //!
 //! The agent binary (`haptic-agent`) applies configuration bundles to the HAProxy beside it. This
-//! library holds what the controller shares with it: the bundle and its canonical hash
-//! ([`protocol`]), and small encoding helpers.
+//! library holds what the controller shares with it: the bundle, its canonical hash and the wire
+//! types ([`protocol`]), the runtime/reload [`classify`]er with its configuration view
+//! ([`haproxy_cfg`]), and [`base64`].
+//!
+//! ```
+//! use haptic_agent::classify::{classify, Classification};
+//! use haptic_agent::protocol::Bundle;
+//!
+//! let old = Bundle::new("backend be\n  server SRV_1 10.0.0.1:80 enabled\n".into(), vec![]);
+//! let new = Bundle::new("backend be\n  server SRV_1 10.0.0.2:80 enabled # moved\n".into(), vec![]);
+//! let plan = classify(&old, &new);
+//! assert_eq!(plan.commands(), ["set server be/SRV_1 addr 10.0.0.2 port 80"]);
+//! assert!(matches!(plan, Classification::Runtime(_)));
+//! ```
 
+pub mod base64;
+pub mod classify;
+pub mod haproxy_cfg;
 pub mod protocol;
