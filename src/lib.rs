@@ -1,7 +1,14 @@
 //! HAPTIC, the HAProxy Template Ingress Controller.
 //!
-//! The library behind the `haptic` binary: configuration model, stores, template rendering,
-//! validation, Kubernetes access and the controller's threads. `src/main.rs` only parses the
-//! command line and dispatches to [`cli`].
+//! The library behind the `haptic` binary: configuration model ([`config`]), indexed stores
+//! ([`store`]), template rendering ([`render`]), validation ([`validate`]), Kubernetes access
+//! ([`kube`]) and the command line ([`cli`]). `src/main.rs` only dispatches to [`cli::main`].
 
+pub mod cli;
+pub mod config;
+pub mod kinds;
 pub mod kube;
+pub mod logger;
+pub mod render;
+pub mod store;
+pub mod validate;

@@ -1,0 +1,98 @@
+//! `haptic render`: offline render of a config against fixture manifests into a directory that
+//! `haproxy -f OUTDIR/haproxy.cfg` runs as is.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::args::{opt, parse, switch, usage, Spec};
+use super::{haproxy_bin, CommandResult};
+use crate::render::current_config::CurrentConfig;
+use crate::render::{Engine, RenderInputs};
+use crate::validate::fixtures::{build_stores, load_fixture_inputs};
+use crate::validate::haproxy::{check_file, write_bundle};
+
+const OPTIONS: &[Spec] = &[
+    opt("file", Some('f'), "Config file (HAProxyTemplateConfig manifest or bare spec); repeat to merge in order"),
+    opt("fixtures", None, "YAML file or directory of manifests (or a validation-test `fixtures:` layout); repeatable"),
+    opt("extra-context", None, "KEY=VALUE added to extraContext; VALUE is read as a YAML scalar; repeatable"),
+    opt("current-config", None, "A haproxy.cfg to expose as current_config (keeps server slots stable)"),
+    opt("output", Some('o'), "Output directory (created if missing)"),
+    switch("validate", "Check the result with haproxy -c"),
+    opt("haproxy-bin", None, "HAProxy binary for --validate (default: $HAPROXY_BIN or haproxy on PATH)"),
+];
+
+const SUMMARY: &str = "Render a config against fixture manifests into a directory.";
+
+/// `KEY=VALUE` with VALUE parsed as a YAML scalar (`http_port=8080` is a number).
+pub(crate) fn parse_extra_context(items: &[String]) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut map = serde_json::Map::new();
+    for item in items {
+        let (key, value) = item.split_once('=').ok_or_else(|| format!("--extra-context {item:?}: expected KEY=VALUE"))?;
+        if key.is_empty() {
+            return Err(format!("--extra-context {item:?}: empty key"));
+        }
+        let value: serde_json::Value = if value.is_empty() {
+            serde_json::Value::String(String::new())
+        } else {
+            serde_yaml::from_str(value).map_err(|e| format!("--extra-context {key}: {e}"))?
+        };
+        map.insert(key.to_string(), value);
+    }
+    Ok(map)
+}
+
+pub fn run(args: &[String]) -> CommandResult {
+    let parsed = parse(args, OPTIONS)?;
+    if parsed.help {
+        println!("{}", usage("render", SUMMARY, OPTIONS));
+        return Ok(());
+    }
+    if let Some(extra) = parsed.positional.first() {
+        return Err(format!("unexpected argument {extra:?}").into());
+    }
+    let files = parsed.all("file");
+    if files.is_empty() {
+        return Err("render needs at least one -f CONFIG".to_string().into());
+    }
+    let outdir = PathBuf::from(parsed.last("output").ok_or_else(|| "render needs -o OUTDIR".to_string())?);
+    let sources = crate::config::describe_sources(&files);
+    let spec = crate::config::load_files(&files).and_then(|d| d.valid_spec(&sources)).map_err(|e| e.to_string())?;
+    let engine = Engine::new(&spec).map_err(|e| format!("{sources}: {e}"))?;
+
+    let (fixtures, warnings) = load_fixture_inputs(&spec, &parsed.all("fixtures"))?;
+    for warning in warnings {
+        eprintln!("warning: {warning}");
+    }
+    let stores = build_stores(&spec, &fixtures)?;
+    let mut extra_context = engine.extra_context().clone();
+    extra_context.extend(parse_extra_context(&parsed.all("extra-context"))?);
+    let current_config = match parsed.last("current-config") {
+        Some(path) => Some(Arc::new(CurrentConfig::parse(&std::fs::read_to_string(&path).map_err(|e| format!("read {path}: {e}"))?))),
+        None => None,
+    };
+    std::fs::create_dir_all(&outdir).map_err(|e| format!("create {}: {e}", outdir.display()))?;
+    let outdir = outdir.canonicalize().map_err(|e| format!("resolve {}: {e}", outdir.display()))?;
+    let inputs = RenderInputs { stores, extra_context, current_config, base_dir: Some(outdir.display().to_string()) };
+    let rendered = engine.render(&inputs).map_err(|e| format!("render failed: {e}"))?;
+    let bundle = rendered.to_bundle();
+    write_bundle(&bundle, &outdir).map_err(|e| format!("write {}: {e}", outdir.display()))?;
+    println!("wrote {} and {} auxiliary file(s)", outdir.join("haproxy.cfg").display(), bundle.files.len());
+    for status in &rendered.statuses {
+        println!("status {} {} {}/{}: {}", status.api_version, status.kind, status.namespace, status.name, status.status);
+    }
+    if parsed.flag("validate") {
+        let bin = haproxy_bin(parsed.last("haproxy-bin"));
+        match check_file(&bin, &outdir.join("haproxy.cfg")) {
+            Ok(warnings) => {
+                if !warnings.is_empty() {
+                    eprintln!("{warnings}");
+                }
+                println!("haproxy -c: configuration is valid");
+            }
+            Err(e) => return Err(format!("{e}").into()),
+        }
+    }
+    println!("bundle {}", bundle.hash());
+    Ok(())
+}
+

@@ -1,0 +1,193 @@
+//! The `HAProxyTemplateConfig`: its wire model and defaults ([`model`]), structural validation
+//! ([`validate`]), and loading and merging of config files.
+//!
+//! # Merge
+//!
+//! Several config fragments (files, or documents within one file) combine in order, exactly as
+//! the Helm chart combines the template libraries and user values:
+//!
+//! * mappings merge key by key; for a key present in both, the later value wins, and when both
+//!   values are mappings they merge recursively by the same rule;
+//! * a `null` value in a later fragment removes the key (this is how a user disables a template
+//!   or snippet contributed by a library);
+//! * lists and scalars are replaced as a whole (`indexBy`, `assertions` and `postProcessing` are
+//!   never concatenated);
+//! * a fragment may be a full manifest (`apiVersion`, `kind`, `metadata`, `spec`) or a bare spec;
+//!   specs merge with specs and metadata with metadata.
+
+pub mod duration;
+pub mod model;
+pub mod validate;
+
+use std::fmt;
+use std::path::Path;
+
+use serde_json::Value;
+
+pub use model::Spec;
+pub use validate::{validate_spec, FieldError};
+
+/// Why a config could not be loaded.
+#[derive(Debug)]
+pub enum ConfigError {
+    Read { path: String, error: std::io::Error },
+    Parse { source: String, message: String },
+    NotAConfig { source: String, message: String },
+    Invalid(Vec<FieldError>),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigError::Read { path, error } => write!(f, "read {path}: {error}"),
+            ConfigError::Parse { source, message } => write!(f, "{source}: {message}"),
+            ConfigError::NotAConfig { source, message } => write!(f, "{source}: {message}"),
+            ConfigError::Invalid(errors) => {
+                write!(f, "invalid HAProxyTemplateConfig ({} problem{}):", errors.len(), if errors.len() == 1 { "" } else { "s" })?;
+                for e in errors {
+                    write!(f, "\n  {e}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// A merged config document: optional manifest metadata plus the raw spec as written.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ConfigDocument {
+    pub metadata: Option<Value>,
+    pub spec: Value,
+}
+
+impl ConfigDocument {
+    /// Parses the raw spec into the typed model, with the field path in any type error.
+    pub fn typed_spec(&self, source: &str) -> Result<Spec, ConfigError> {
+        serde_path_to_error::deserialize::<_, Spec>(&self.spec).map_err(|e| {
+            let path = e.path().to_string();
+            let path = if path == "." { "spec".to_string() } else { format!("spec.{path}") };
+            ConfigError::Parse { source: source.to_string(), message: format!("{path}: {}", e.inner()) }
+        })
+    }
+
+    /// Typed and structurally valid spec.
+    pub fn valid_spec(&self, source: &str) -> Result<Spec, ConfigError> {
+        let spec = self.typed_spec(source)?;
+        validate_spec(&spec).map_err(ConfigError::Invalid)?;
+        Ok(spec)
+    }
+
+    /// The document as YAML: a full manifest when any fragment had metadata, else a bare spec.
+    pub fn to_yaml(&self) -> String {
+        let value = match &self.metadata {
+            Some(metadata) => serde_json::json!({
+                "apiVersion": model::API_VERSION,
+                "kind": model::KIND,
+                "metadata": metadata,
+                "spec": self.spec,
+            }),
+            None => self.spec.clone(),
+        };
+        // Serialising a serde_json::Value to YAML cannot fail: keys are strings.
+        serde_yaml::to_string(&value).unwrap_or_default()
+    }
+
+    pub fn merge(&mut self, other: ConfigDocument) {
+        if let Some(metadata) = other.metadata {
+            match &mut self.metadata {
+                Some(mine) => merge_values(mine, metadata),
+                None => self.metadata = Some(metadata),
+            }
+        }
+        merge_values(&mut self.spec, other.spec);
+    }
+}
+
+/// Merges `overlay` into `base` by the rules in the module documentation.
+pub fn merge_values(base: &mut Value, overlay: Value) {
+    match (base, overlay) {
+        (Value::Object(base), Value::Object(overlay)) => {
+            for (key, value) in overlay {
+                if value.is_null() {
+                    base.remove(&key);
+                    continue;
+                }
+                match base.get_mut(&key) {
+                    Some(existing) if existing.is_object() && value.is_object() => merge_values(existing, value),
+                    _ => {
+                        base.insert(key, value);
+                    }
+                }
+            }
+        }
+        (base, overlay) => *base = overlay,
+    }
+}
+
+/// Splits a YAML text into config fragments (one per non-empty document).
+pub fn parse_fragments(text: &str, source: &str) -> Result<Vec<ConfigDocument>, ConfigError> {
+    use serde::Deserialize;
+    let mut fragments = Vec::new();
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let value = Value::deserialize(doc).map_err(|e| ConfigError::Parse {
+            source: source.to_string(),
+            message: format!("document {}: {e}", i + 1),
+        })?;
+        if value.is_null() {
+            continue;
+        }
+        fragments.push(fragment_from_value(value, source)?);
+    }
+    Ok(fragments)
+}
+
+fn fragment_from_value(value: Value, source: &str) -> Result<ConfigDocument, ConfigError> {
+    let Value::Object(mut map) = value else {
+        return Err(ConfigError::NotAConfig { source: source.into(), message: "expected a mapping (a manifest or a spec)".into() });
+    };
+    let is_manifest = map.contains_key("kind") || map.contains_key("apiVersion");
+    if !is_manifest {
+        return Ok(ConfigDocument { metadata: None, spec: Value::Object(map) });
+    }
+    let kind = map.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let api_version = map.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    if kind != model::KIND || api_version.split('/').next() != Some(model::GROUP) {
+        return Err(ConfigError::NotAConfig {
+            source: source.into(),
+            message: format!("expected kind {} in group {}, got kind {kind:?} apiVersion {api_version:?}", model::KIND, model::GROUP),
+        });
+    }
+    if api_version != model::API_VERSION {
+        return Err(ConfigError::NotAConfig {
+            source: source.into(),
+            message: format!("unsupported apiVersion {api_version:?} (this version reads {})", model::API_VERSION),
+        });
+    }
+    let metadata = map.remove("metadata").unwrap_or_else(|| serde_json::json!({}));
+    let spec = map.remove("spec").unwrap_or_else(|| serde_json::json!({}));
+    Ok(ConfigDocument { metadata: Some(metadata), spec })
+}
+
+/// Reads and merges config files in order.
+pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ConfigDocument, ConfigError> {
+    let mut merged = ConfigDocument { metadata: None, spec: Value::Object(Default::default()) };
+    for path in paths {
+        let path = path.as_ref();
+        let source = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: source.clone(), error })?;
+        for fragment in parse_fragments(&text, &source)? {
+            merged.merge(fragment);
+        }
+    }
+    Ok(merged)
+}
+
+/// Names the sources for messages: `a.yaml` or `a.yaml + b.yaml`.
+pub fn describe_sources<P: AsRef<Path>>(paths: &[P]) -> String {
+    paths.iter().map(|p| p.as_ref().display().to_string()).collect::<Vec<_>>().join(" + ")
+}
+
+#[cfg(test)]
+mod tests;

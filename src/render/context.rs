@@ -1,0 +1,299 @@
+//! Per-render context objects: `paths`, `files`, `shared` (with `first_seen`), `status` and
+//! `current_config`. One set is created for each render and shared by `haproxy.cfg` and every
+//! auxiliary template of that render.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use haptic_agent::protocol::FileKind;
+use minijinja::value::{from_args, Object, ObjectRepr, Value};
+use minijinja::{Error, ErrorKind, State};
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidOperation, msg.into())
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks aborts the process (panic = "abort"), so a
+    // poisoned lock cannot be observed in production; recover the data in tests.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Where auxiliary files live, relative to haproxy.cfg (templates emit `default-path config`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paths {
+    /// Shown to templates as `paths.base`: the directory holding haproxy.cfg.
+    pub base: String,
+    pub maps_dir: String,
+    pub certs_dir: String,
+    pub general_dir: String,
+}
+
+impl Paths {
+    pub fn from_spec(spec: &crate::config::Spec) -> Paths {
+        let p = spec.dataplane_paths();
+        let last = |dir: &str| dir.trim_end_matches('/').rsplit('/').next().unwrap_or(dir).to_string();
+        let base = p.config_file.rsplit_once('/').map(|(d, _)| d.to_string()).unwrap_or_default();
+        Paths { base, maps_dir: last(&p.maps_dir), certs_dir: last(&p.ssl_certs_dir), general_dir: last(&p.general_storage_dir) }
+    }
+
+    pub fn with_base(mut self, base: String) -> Paths {
+        self.base = base;
+        self
+    }
+
+    pub fn dir_of(&self, kind: FileKind) -> &str {
+        match kind {
+            FileKind::Map => &self.maps_dir,
+            FileKind::Cert | FileKind::Ca | FileKind::Crl => &self.certs_dir,
+            FileKind::CrtList | FileKind::General => &self.general_dir,
+        }
+    }
+
+    /// The relative path of a file of `kind` called `name`; an empty name gives the directory.
+    /// Certificate and crt-list names are sanitised (`api.example.com.pem` →
+    /// `api_example_com.pem`) so that any host or Secret name gives a safe file name.
+    pub fn get(&self, name: &str, kind: FileKind) -> Result<String, String> {
+        if name.is_empty() {
+            return Ok(self.dir_of(kind).to_string());
+        }
+        if name.contains('/') || name == "." || name == ".." || name.contains('\0') {
+            return Err(format!("file name {name:?} must not contain '/' or be '.' or '..'"));
+        }
+        let name = match kind {
+            FileKind::Cert | FileKind::CrtList | FileKind::Ca | FileKind::Crl => sanitize_file_name(name),
+            _ => name.to_string(),
+        };
+        Ok(format!("{}/{}", self.dir_of(kind), name))
+    }
+}
+
+/// Replaces every run of characters outside `[A-Za-z0-9_-]` in the stem with `_`.
+pub fn sanitize_file_name(name: &str) -> String {
+    let (stem, ext) = match name.rsplit_once('.') {
+        Some((stem, ext)) if !stem.is_empty() => (stem, Some(ext)),
+        _ => (name, None),
+    };
+    let mut out = String::with_capacity(name.len());
+    let mut in_run = false;
+    for c in stem.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+            out.push(c);
+            in_run = false;
+        } else if !in_run {
+            out.push('_');
+            in_run = true;
+        }
+    }
+    if let Some(ext) = ext {
+        out.push('.');
+        out.push_str(ext);
+    }
+    out
+}
+
+pub fn parse_kind(kind: &str) -> Result<FileKind, Error> {
+    match kind {
+        "file" => Ok(FileKind::General),
+        other => FileKind::parse(other).ok_or_else(|| invalid(format!("unknown file kind {other:?} (map, file, cert, crt-list, ca, crl)"))),
+    }
+}
+
+impl Object for Paths {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "base" => Some(Value::from(self.base.as_str())),
+            _ => None,
+        }
+    }
+
+    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+        match method {
+            "get" => {
+                let (name, kind): (&str, &str) = from_args(args)?;
+                self.get(name, parse_kind(kind)?).map(Value::from).map_err(invalid)
+            }
+            _ => Err(Error::new(ErrorKind::UnknownMethod, format!("paths has no method {method:?} (get)"))),
+        }
+    }
+}
+
+/// A file registered during rendering through `files.register`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegisteredFile {
+    pub kind: FileKind,
+    pub path: String,
+    pub content: String,
+}
+
+/// `files`: auxiliary files created while rendering.
+#[derive(Debug)]
+pub struct FileRegistry {
+    paths: Paths,
+    files: Mutex<BTreeMap<String, RegisteredFile>>,
+}
+
+impl FileRegistry {
+    pub fn new(paths: Paths) -> FileRegistry {
+        FileRegistry { paths, files: Mutex::new(BTreeMap::new()) }
+    }
+
+    /// Registering the same file twice with the same content is fine; with different content
+    /// it is an error (two templates disagree about one file).
+    pub fn register(&self, kind: FileKind, name: &str, content: String) -> Result<String, String> {
+        let path = self.paths.get(name, kind)?;
+        if name.is_empty() {
+            return Err("files.register needs a file name".into());
+        }
+        let mut files = lock(&self.files);
+        if let Some(existing) = files.get(&path) {
+            if existing.kind != kind || existing.content != content {
+                return Err(format!("{path} was already registered with different {}", if existing.kind != kind { "kind" } else { "content" }));
+            }
+            return Ok(path);
+        }
+        files.insert(path.clone(), RegisteredFile { kind, path: path.clone(), content });
+        Ok(path)
+    }
+
+    pub fn take(&self) -> Vec<RegisteredFile> {
+        std::mem::take(&mut *lock(&self.files)).into_values().collect()
+    }
+}
+
+impl Object for FileRegistry {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
+    }
+
+    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+        match method {
+            "register" => {
+                let (kind, name, content): (&str, &str, Value) = from_args(args)?;
+                let content = content.as_str().map(str::to_string).unwrap_or_else(|| content.to_string());
+                self.register(parse_kind(kind)?, name, content).map(Value::from).map_err(invalid)
+            }
+            _ => Err(Error::new(ErrorKind::UnknownMethod, format!("files has no method {method:?} (register)"))),
+        }
+    }
+}
+
+/// `shared`: a per-render map every template of the render can read and write.
+#[derive(Debug, Default)]
+pub struct Shared {
+    values: Mutex<BTreeMap<String, Value>>,
+    seen: Mutex<BTreeSet<String>>,
+}
+
+impl Shared {
+    /// `first_seen`: true the first time a key is seen in this render.
+    pub fn first_seen(&self, key: String) -> bool {
+        lock(&self.seen).insert(key)
+    }
+}
+
+impl Object for Shared {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
+    }
+
+    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+        match method {
+            "get" => {
+                let (key, default): (&str, Option<Value>) = from_args(args)?;
+                Ok(lock(&self.values).get(key).cloned().or(default).unwrap_or(Value::from(())))
+            }
+            "set" => {
+                let (key, value): (&str, Value) = from_args(args)?;
+                lock(&self.values).insert(key.to_string(), value);
+                Ok(Value::from(""))
+            }
+            "has" => {
+                let (key,): (&str,) = from_args(args)?;
+                Ok(Value::from(lock(&self.values).contains_key(key)))
+            }
+            _ => Err(Error::new(ErrorKind::UnknownMethod, format!("shared has no method {method:?} (get, set, has)"))),
+        }
+    }
+}
+
+/// A status a template wants written to a watched object (`status.set`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusUpdate {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    pub status: serde_json::Value,
+}
+
+/// `status`: collects desired statuses; the last `set` for an object wins.
+#[derive(Debug, Default)]
+pub struct StatusCollector {
+    updates: Mutex<BTreeMap<(String, String, String, String), serde_json::Value>>,
+}
+
+impl StatusCollector {
+    pub fn take(&self) -> Vec<StatusUpdate> {
+        std::mem::take(&mut *lock(&self.updates))
+            .into_iter()
+            .map(|((api_version, kind, namespace, name), status)| StatusUpdate { api_version, kind, namespace, name, status })
+            .collect()
+    }
+}
+
+impl Object for StatusCollector {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
+    }
+
+    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+        match method {
+            "set" => {
+                let (api_version, kind, namespace, name, status): (&str, &str, &str, &str, Value) = from_args(args)?;
+                if api_version.is_empty() || kind.is_empty() || name.is_empty() {
+                    return Err(invalid("status.set(apiVersion, kind, namespace, name, status) needs apiVersion, kind and name"));
+                }
+                let status = serde_json::to_value(&status).map_err(|e| invalid(format!("status.set: status is not JSON-like: {e}")))?;
+                if !status.is_object() {
+                    return Err(invalid("status.set: status must be a mapping"));
+                }
+                lock(&self.updates).insert((api_version.into(), kind.into(), namespace.into(), name.into()), status);
+                Ok(Value::from(""))
+            }
+            _ => Err(Error::new(ErrorKind::UnknownMethod, format!("status has no method {method:?} (set)"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sanitises_cert_names() {
+        assert_eq!(sanitize_file_name("api.example.com.pem"), "api_example_com.pem");
+        assert_eq!(sanitize_file_name("ns/..secret"), "ns_secret");
+        assert_eq!(sanitize_file_name("plain"), "plain");
+    }
+
+    #[test]
+    fn paths_are_relative_to_the_config_dir() {
+        let paths = Paths::from_spec(&crate::config::Spec::default());
+        assert_eq!(paths.base, "/etc/haproxy");
+        assert_eq!(paths.get("host.map", FileKind::Map).unwrap(), "maps/host.map");
+        assert_eq!(paths.get("a.example.com.pem", FileKind::Cert).unwrap(), "ssl/a_example_com.pem");
+        assert_eq!(paths.get("list.txt", FileKind::CrtList).unwrap(), "general/list.txt");
+        assert_eq!(paths.get("", FileKind::Cert).unwrap(), "ssl");
+        assert!(paths.get("../etc/passwd", FileKind::General).is_err());
+    }
+
+    #[test]
+    fn registry_is_idempotent_but_rejects_conflicts() {
+        let reg = FileRegistry::new(Paths::from_spec(&crate::config::Spec::default()));
+        assert_eq!(reg.register(FileKind::Map, "a.map", "x\n".into()).unwrap(), "maps/a.map");
+        assert_eq!(reg.register(FileKind::Map, "a.map", "x\n".into()).unwrap(), "maps/a.map");
+        assert!(reg.register(FileKind::Map, "a.map", "y\n".into()).unwrap_err().contains("different content"));
+        assert_eq!(reg.take().len(), 1);
+    }
+}

@@ -1,0 +1,264 @@
+//! The filters and functions templates get beyond minijinja's builtins: `dig`, `fallback`,
+//! `b64decode`, `b64encode`, `regex_search`, `regex_replace`, `regex_escape`, `sort_by`,
+//! `glob_match`, `basename`, `sha256`, `fail`, `debug`, `first_seen`.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use minijinja::value::{Rest, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, State};
+
+use super::context::Shared;
+use super::glob::glob_match;
+
+/// Marks an error raised by `fail()`, whose message must reach users verbatim.
+#[derive(Debug)]
+pub struct FailMarker;
+
+impl std::fmt::Display for FailMarker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("raised by fail()")
+    }
+}
+
+impl std::error::Error for FailMarker {}
+
+fn invalid(msg: impl Into<String>) -> Error {
+    Error::new(ErrorKind::InvalidOperation, msg.into())
+}
+
+/// Compiled regexes, shared by every render: templates call the same few patterns in loops.
+fn regex(pattern: &str) -> Result<regex::Regex, Error> {
+    static CACHE: Mutex<Option<HashMap<String, regex::Regex>>> = Mutex::new(None);
+    let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = guard.get_or_insert_with(HashMap::new);
+    if let Some(re) = cache.get(pattern) {
+        return Ok(re.clone());
+    }
+    let re = regex::Regex::new(pattern).map_err(|e| invalid(format!("invalid regular expression {pattern:?}: {e}")))?;
+    if cache.len() > 512 {
+        cache.clear();
+    }
+    cache.insert(pattern.to_string(), re.clone());
+    Ok(re)
+}
+
+fn is_missing(v: &Value) -> bool {
+    v.is_undefined() || v.is_none()
+}
+
+/// `dig(obj, "k1", "k2", …)`: nested lookup; none when any step is missing.
+fn dig(value: Value, path: Rest<Value>) -> Value {
+    let mut current = value;
+    for key in path.iter() {
+        if is_missing(&current) {
+            return Value::from(());
+        }
+        current = match current.get_item(key) {
+            Ok(v) if !v.is_undefined() => v,
+            _ => return Value::from(()),
+        };
+    }
+    if current.is_undefined() {
+        Value::from(())
+    } else {
+        current
+    }
+}
+
+/// `fallback(v, default)`: `default` when `v` is undefined or none (not when empty or false).
+fn fallback(value: Value, default: Value) -> Value {
+    if is_missing(&value) {
+        default
+    } else {
+        value
+    }
+}
+
+fn b64decode(text: &str) -> Result<String, Error> {
+    let bytes = haptic_agent::base64::decode(text.trim()).map_err(|e| invalid(format!("b64decode: {e}")))?;
+    String::from_utf8(bytes).map_err(|_| invalid("b64decode: the decoded data is not UTF-8 text"))
+}
+
+fn b64encode(text: &str) -> String {
+    haptic_agent::base64::encode(text.as_bytes())
+}
+
+fn regex_search(text: &str, pattern: &str) -> Result<bool, Error> {
+    Ok(regex(pattern)?.is_match(text))
+}
+
+fn regex_replace(text: &str, pattern: &str, replacement: &str) -> Result<String, Error> {
+    Ok(regex(pattern)?.replace_all(text, replacement).into_owned())
+}
+
+fn regex_escape(text: &str) -> String {
+    regex::escape(text)
+}
+
+fn basename(path: &str) -> String {
+    path.trim_end_matches('/').rsplit('/').next().unwrap_or_default().to_string()
+}
+
+fn sha256(text: &str) -> String {
+    haptic_agent::protocol::sha256_hex(text.as_bytes())
+}
+
+/// `glob_match(items, pattern)`: the strings (or the `name` of mappings) matching a glob.
+fn glob_match_filter(items: Value, pattern: &str) -> Result<Value, Error> {
+    let mut out = Vec::new();
+    for item in items.try_iter()? {
+        let name = if let Some(s) = item.as_str() {
+            s.to_string()
+        } else {
+            match item.get_attr("name") {
+                Ok(n) if n.as_str().is_some() => n.as_str().unwrap_or_default().to_string(),
+                _ => continue,
+            }
+        };
+        if glob_match(pattern, &name) {
+            out.push(Value::from(name));
+        }
+    }
+    Ok(Value::from(out))
+}
+
+fn fail(message: &str) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, message.to_string()).with_source(FailMarker))
+}
+
+/// `debug(value, label?)`: the value as JSON, every line a HAProxy comment.
+fn debug(value: Value, label: Option<&str>) -> String {
+    let json = serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("<unserialisable: {e}>"));
+    let mut out = format!("# DEBUG {}:\n", label.unwrap_or("value"));
+    for line in json.lines() {
+        out.push_str("# ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+fn first_seen(state: &State, parts: Rest<Value>) -> Result<bool, Error> {
+    let shared = state.lookup("shared").ok_or_else(|| invalid("first_seen needs the render's `shared` object"))?;
+    let shared = shared.downcast_object_ref::<Shared>().ok_or_else(|| invalid("`shared` has been shadowed; first_seen cannot work"))?;
+    let key = parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\u{1f}");
+    Ok(shared.first_seen(key))
+}
+
+/// One `sort_by` criterion: `$.a.b`, optionally `| length`, optionally `:desc` or `:exists`.
+struct SortKey {
+    path: Vec<String>,
+    length: bool,
+    exists: bool,
+    descending: bool,
+}
+
+impl SortKey {
+    fn parse(spec: &str) -> SortKey {
+        let mut text = spec.trim();
+        let mut descending = false;
+        let mut exists = false;
+        if let Some(t) = text.strip_suffix(":desc") {
+            descending = true;
+            text = t;
+        }
+        if let Some(t) = text.strip_suffix(":exists") {
+            exists = true;
+            text = t;
+        }
+        let (text, length) = match text.split_once('|') {
+            Some((t, f)) if f.trim() == "length" => (t.trim(), true),
+            _ => (text, false),
+        };
+        let text = text.strip_prefix("$.").or_else(|| text.strip_prefix('$')).unwrap_or(text);
+        let path = text.split('.').filter(|s| !s.is_empty()).map(str::to_string).collect();
+        SortKey { path, length, exists, descending }
+    }
+
+    fn extract(&self, item: &Value) -> Value {
+        let mut v = item.clone();
+        for key in &self.path {
+            v = match v.get_attr(key) {
+                Ok(x) => x,
+                Err(_) => Value::UNDEFINED,
+            };
+        }
+        if self.exists {
+            return Value::from(!is_missing(&v));
+        }
+        if self.length {
+            return v.len().map(|n| Value::from(n as i64)).unwrap_or(Value::from(()));
+        }
+        v
+    }
+}
+
+/// Numbers numerically, strings lexically, anything else by its printed form; missing last.
+fn compare(a: &Value, b: &Value) -> Ordering {
+    match (is_missing(a), is_missing(b)) {
+        (true, true) => return Ordering::Equal,
+        (true, false) => return Ordering::Greater,
+        (false, true) => return Ordering::Less,
+        _ => {}
+    }
+    if a.is_number() && b.is_number() {
+        let (x, y) = (f64::try_from(a.clone()).unwrap_or(0.0), f64::try_from(b.clone()).unwrap_or(0.0));
+        return x.partial_cmp(&y).unwrap_or(Ordering::Equal);
+    }
+    if a.kind() == ValueKind::Bool && b.kind() == ValueKind::Bool {
+        return a.is_true().cmp(&b.is_true());
+    }
+    match (a.as_str(), b.as_str()) {
+        (Some(x), Some(y)) => x.cmp(y),
+        _ => a.to_string().cmp(&b.to_string()),
+    }
+}
+
+/// `sort_by(items, ["$.a.b:desc", "$.x:exists", "$.path | length:desc"])`: stable multi-key sort.
+fn sort_by(items: Value, keys: Value) -> Result<Value, Error> {
+    let specs: Vec<SortKey> = if let Some(one) = keys.as_str() {
+        vec![SortKey::parse(one)]
+    } else {
+        keys.try_iter()?.map(|k| SortKey::parse(&k.to_string())).collect()
+    };
+    let mut rows: Vec<(Vec<Value>, Value)> =
+        items.try_iter()?.map(|item| (specs.iter().map(|s| s.extract(&item)).collect(), item)).collect();
+    rows.sort_by(|(a, _), (b, _)| {
+        for (i, spec) in specs.iter().enumerate() {
+            let ord = compare(&a[i], &b[i]);
+            let ord = if spec.descending { ord.reverse() } else { ord };
+            if ord != Ordering::Equal {
+                return ord;
+            }
+        }
+        Ordering::Equal
+    });
+    Ok(Value::from(rows.into_iter().map(|(_, item)| item).collect::<Vec<_>>()))
+}
+
+pub fn register(env: &mut Environment<'static>, snippet_names: Arc<[String]>) {
+    env.add_filter("dig", dig);
+    env.add_function("dig", dig);
+    env.add_filter("fallback", fallback);
+    env.add_function("fallback", fallback);
+    env.add_filter("b64decode", b64decode);
+    env.add_filter("b64encode", b64encode);
+    env.add_filter("regex_search", regex_search);
+    env.add_function("regex_search", regex_search);
+    env.add_filter("regex_replace", regex_replace);
+    env.add_filter("regex_escape", regex_escape);
+    env.add_filter("sort_by", sort_by);
+    env.add_filter("glob_match", glob_match_filter);
+    env.add_filter("basename", basename);
+    env.add_filter("sha256", sha256);
+    env.add_function("fail", fail);
+    env.add_filter("debug", debug);
+    env.add_function("debug", debug);
+    env.add_function("first_seen", first_seen);
+    env.add_function("snippets", move |pattern: &str| -> Value {
+        // Names are kept sorted, so matches come out in the order hooks rely on.
+        Value::from(snippet_names.iter().filter(|n| glob_match(pattern, n)).map(|n| Value::from(n.as_str())).collect::<Vec<_>>())
+    });
+}

@@ -1,0 +1,318 @@
+//! Template rendering: one minijinja environment per config ([`Engine`]), the render context of
+//! DESIGN §4, and the output post-processing.
+//!
+//! A render produces `haproxy.cfg` first, then every map, file and certificate template, all
+//! sharing one `shared` map and one file registry. Any error aborts the whole render; the caller
+//! keeps its last good output.
+
+pub mod context;
+pub mod current_config;
+pub mod filters;
+pub mod glob;
+pub mod objects;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use haptic_agent::protocol::{Bundle, BundleFile, FileKind};
+use minijinja::value::Value;
+use minijinja::{Environment, ErrorKind, UndefinedBehavior};
+
+use crate::config::model::{OutputTemplate, HAPROXY_PODS};
+use crate::config::Spec;
+use crate::store::Store;
+use context::{FileRegistry, Paths, Shared, StatusCollector, StatusUpdate};
+use current_config::CurrentConfig;
+use objects::Resources;
+
+/// Evaluation budget of one template render: stops runaway loops and recursion. Rendering
+/// 10,000 Ingresses through the shipped libraries uses a small fraction of it.
+pub const DEFAULT_FUEL: u64 = 500_000_000;
+
+pub const MAIN_TEMPLATE: &str = "haproxy.cfg";
+
+/// A render or compile failure, located in a template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderError {
+    pub template: String,
+    pub line: Option<usize>,
+    pub message: String,
+    /// The message comes from `fail()` in a template and is the user's own text.
+    pub from_fail: bool,
+}
+
+impl fmt::Display for RenderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "template {} line {}: {}", self.template, line, self.message),
+            None => write!(f, "template {}: {}", self.template, self.message),
+        }
+    }
+}
+
+impl std::error::Error for RenderError {}
+
+impl RenderError {
+    fn from_minijinja(entry: &str, err: &minijinja::Error, fuel: u64) -> RenderError {
+        // Errors inside includes and macros arrive wrapped ("could not render include"); the
+        // innermost template error says where the problem really is.
+        let chain = std::iter::successors(Some(err as &(dyn std::error::Error + 'static)), |e| e.source());
+        let mut innermost = err;
+        let mut from_fail = false;
+        for e in chain {
+            if let Some(inner) = e.downcast_ref::<minijinja::Error>() {
+                innermost = inner;
+            }
+            from_fail |= e.is::<filters::FailMarker>();
+        }
+        let template = innermost.name().or(err.name()).unwrap_or(entry).to_string();
+        let message = if from_fail {
+            innermost.detail().unwrap_or_default().to_string()
+        } else if innermost.kind() == ErrorKind::OutOfFuel || err.kind() == ErrorKind::OutOfFuel {
+            format!("evaluation budget of {fuel} steps exhausted (a runaway loop or recursion?)")
+        } else {
+            match innermost.detail() {
+                Some(detail) => format!("{}: {detail}", innermost.kind()),
+                None => innermost.kind().to_string(),
+            }
+        };
+        let line = innermost.line().or(err.line());
+        let template = if template != entry && !from_fail { format!("{template} (included from {entry})") } else { template };
+        RenderError { template, line, message, from_fail }
+    }
+}
+
+/// A compiled post-processing step.
+#[derive(Debug, Clone)]
+struct RegexReplace {
+    regex: regex::Regex,
+    replace: String,
+}
+
+/// Applies regex replacements line by line and ends the output with exactly one newline.
+fn post_process(text: &str, steps: &[RegexReplace]) -> String {
+    let body = text.trim_end_matches('\n');
+    let mut out = String::with_capacity(body.len() + 1);
+    if steps.is_empty() {
+        out.push_str(body);
+    } else {
+        for (i, line) in body.split('\n').enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            let mut line = std::borrow::Cow::Borrowed(line);
+            for step in steps {
+                if let std::borrow::Cow::Owned(changed) = step.regex.replace_all(&line, step.replace.as_str()) {
+                    line = std::borrow::Cow::Owned(changed);
+                }
+            }
+            out.push_str(&line);
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// One output template: haproxy.cfg, a map, a file or a certificate.
+#[derive(Debug, Clone)]
+struct Output {
+    name: String,
+    kind: Option<FileKind>,
+    post: Vec<RegexReplace>,
+}
+
+/// Everything a render reads besides the templates.
+#[derive(Debug, Clone, Default)]
+pub struct RenderInputs {
+    /// Stores by watched-resource name; `haproxy-pods` feeds `controller.haproxy_pods`.
+    pub stores: BTreeMap<String, Arc<Store>>,
+    /// `extraContext` after any overrides (CLI, validation test).
+    pub extra_context: serde_json::Map<String, serde_json::Value>,
+    pub current_config: Option<Arc<CurrentConfig>>,
+    /// Overrides `paths.base` (offline renders show their output directory).
+    pub base_dir: Option<String>,
+}
+
+/// A rendered file, before it becomes part of a bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedFile {
+    pub kind: FileKind,
+    /// The template name, or the registered file's name.
+    pub name: String,
+    /// Relative to the directory of haproxy.cfg.
+    pub path: String,
+    pub content: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    pub haproxy_cfg: String,
+    pub files: Vec<RenderedFile>,
+    pub statuses: Vec<StatusUpdate>,
+}
+
+impl Rendered {
+    pub fn to_bundle(&self) -> Bundle {
+        let files = self
+            .files
+            .iter()
+            .map(|f| BundleFile { kind: f.kind, path: f.path.clone(), content: f.content.clone().into_bytes() })
+            .collect();
+        Bundle::new(self.haproxy_cfg.clone(), files)
+    }
+}
+
+/// The compiled templates of one config.
+pub struct Engine {
+    env: Environment<'static>,
+    outputs: Vec<Output>,
+    paths: Paths,
+    extra_context: serde_json::Map<String, serde_json::Value>,
+    fuel: u64,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine").field("outputs", &self.outputs.len()).finish()
+    }
+}
+
+fn compile_post(name: &str, out: &OutputTemplate) -> Result<Vec<RegexReplace>, RenderError> {
+    out.post_processing
+        .iter()
+        .map(|step| {
+            let pattern = step.params.get("pattern").map(String::as_str).unwrap_or_default();
+            let regex = regex::Regex::new(pattern).map_err(|e| RenderError {
+                template: name.to_string(),
+                line: None,
+                message: format!("postProcessing pattern {pattern:?}: {e}"),
+                from_fail: false,
+            })?;
+            Ok(RegexReplace { regex, replace: step.params.get("replace").cloned().unwrap_or_default() })
+        })
+        .collect()
+}
+
+impl Engine {
+    /// Compiles every template of the spec; the first syntax error is returned with its
+    /// template and line.
+    pub fn new(spec: &Spec) -> Result<Engine, RenderError> {
+        Engine::with_fuel(spec, DEFAULT_FUEL)
+    }
+
+    pub fn with_fuel(spec: &Spec, fuel: u64) -> Result<Engine, RenderError> {
+        let mut env = Environment::new();
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        env.set_undefined_behavior(UndefinedBehavior::Chainable);
+        env.set_fuel(Some(fuel));
+        let syntax = minijinja::syntax::SyntaxConfig::builder()
+            .keep_trailing_newline(true)
+            .build()
+            .map_err(|e| RenderError { template: String::new(), line: None, message: e.to_string(), from_fail: false })?;
+        env.set_syntax(syntax);
+        let snippet_names: Arc<[String]> = spec.template_snippets.keys().cloned().collect();
+        filters::register(&mut env, snippet_names);
+
+        let mut sources: Vec<(String, String)> = vec![(MAIN_TEMPLATE.into(), spec.haproxy_config.template.clone())];
+        sources.extend(spec.template_snippets.iter().map(|(n, s)| (n.clone(), s.template.clone())));
+        let mut outputs = vec![Output { name: MAIN_TEMPLATE.into(), kind: None, post: compile_post(MAIN_TEMPLATE, &spec.haproxy_config)? }];
+        let sections = [(FileKind::Map, &spec.maps), (FileKind::General, &spec.files), (FileKind::Cert, &spec.ssl_certificates)];
+        for (kind, templates) in sections {
+            for (name, out) in templates {
+                sources.push((name.clone(), out.template.clone()));
+                outputs.push(Output { name: name.clone(), kind: Some(kind), post: compile_post(name, out)? });
+            }
+        }
+        for (name, source) in sources {
+            env.add_template_owned(name.clone(), source)
+                .map_err(|e| RenderError::from_minijinja(&name, &e, fuel))?;
+        }
+        Ok(Engine { env, outputs, paths: Paths::from_spec(spec), extra_context: spec.templating_settings.extra_context.clone(), fuel })
+    }
+
+    pub fn paths(&self) -> &Paths {
+        &self.paths
+    }
+
+    /// The config's own `extraContext`, before overrides.
+    pub fn extra_context(&self) -> &serde_json::Map<String, serde_json::Value> {
+        &self.extra_context
+    }
+
+    /// Renders haproxy.cfg and every auxiliary template.
+    pub fn render(&self, inputs: &RenderInputs) -> Result<Rendered, RenderError> {
+        let paths = match &inputs.base_dir {
+            Some(base) => self.paths.clone().with_base(base.clone()),
+            None => self.paths.clone(),
+        };
+        let registry = Arc::new(FileRegistry::new(paths.clone()));
+        let status = Arc::new(StatusCollector::default());
+        let ctx = self.context(inputs, paths.clone(), registry.clone(), status.clone());
+
+        let mut haproxy_cfg = String::new();
+        let mut files = Vec::new();
+        for output in &self.outputs {
+            let template = self.env.get_template(&output.name).map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
+            let text = template.render(&ctx).map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
+            let text = post_process(&text, &output.post);
+            match output.kind {
+                None => haproxy_cfg = text,
+                Some(kind) => {
+                    let path = paths.get(&output.name, kind).map_err(|message| RenderError {
+                        template: output.name.clone(),
+                        line: None,
+                        message,
+                        from_fail: false,
+                    })?;
+                    files.push(RenderedFile { kind, name: output.name.clone(), path, content: text });
+                }
+            }
+        }
+        for registered in registry.take() {
+            if let Some(clash) = files.iter().find(|f| f.path == registered.path) {
+                return Err(RenderError {
+                    template: clash.name.clone(),
+                    line: None,
+                    message: format!("{} is produced both by template {} and by files.register", registered.path, clash.name),
+                    from_fail: false,
+                });
+            }
+            let name = registered.path.rsplit('/').next().unwrap_or_default().to_string();
+            files.push(RenderedFile { kind: registered.kind, name, path: registered.path, content: registered.content });
+        }
+        files.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(Rendered { haproxy_cfg, files, statuses: status.take() })
+    }
+
+    fn context(&self, inputs: &RenderInputs, paths: Paths, registry: Arc<FileRegistry>, status: Arc<StatusCollector>) -> Value {
+        let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
+        // extraContext keys come first so the built-in names below always win over them.
+        for (key, value) in &inputs.extra_context {
+            ctx.insert(key.clone(), Value::from(minijinja::value::Serde(value)));
+        }
+        ctx.insert("extraContext".into(), Value::from(minijinja::value::Serde(&inputs.extra_context)));
+        ctx.insert("resources".into(), Value::from_object(Resources::new(&inputs.stores)));
+        let pods = inputs.stores.get(HAPROXY_PODS).cloned().unwrap_or_else(|| Arc::new(Store::new(pod_index())));
+        let pods = Value::from_object(objects::StoreView { name: HAPROXY_PODS.into(), store: pods });
+        ctx.insert("controller".into(), Value::from_iter([("haproxy_pods", pods)]));
+        ctx.insert("paths".into(), Value::from_object(paths));
+        ctx.insert("files".into(), Value::from_dyn_object(registry));
+        ctx.insert("shared".into(), Value::from_object(Shared::default()));
+        ctx.insert("status".into(), Value::from_dyn_object(status));
+        let current = inputs.current_config.as_ref().map(|c| c.value()).unwrap_or_else(CurrentConfig::empty_value);
+        ctx.insert("current_config".into(), current);
+        Value::from(ctx)
+    }
+}
+
+/// The index of the auto-injected HAProxy pods store.
+pub fn pod_index() -> Vec<crate::store::path::PathExpr> {
+    ["metadata.namespace", "metadata.name"]
+        .iter()
+        .filter_map(|p| crate::store::path::PathExpr::parse(p).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,211 @@
+//! Template-facing views of stored data: [`JsonNode`] exposes a shared JSON object to minijinja
+//! without converting it, and [`StoreView`]/[`Resources`] expose stores with `list`, `fetch`
+//! and `get`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
+use minijinja::{Error, ErrorKind, State};
+
+use crate::store::Store;
+
+#[derive(Debug, Clone)]
+enum Step {
+    Key(Arc<str>),
+    Index(usize),
+}
+
+/// A node inside a shared, immutable JSON document. Lookups walk from the root each time, so
+/// exposing an object to a template costs nothing until a template touches a field, and the
+/// stored object is never copied.
+#[derive(Debug)]
+pub struct JsonNode {
+    root: Arc<serde_json::Value>,
+    path: Vec<Step>,
+}
+
+impl JsonNode {
+    pub fn value(root: Arc<serde_json::Value>) -> Value {
+        json_to_value(&root.clone(), &root, Vec::new())
+    }
+
+    fn node(&self) -> &serde_json::Value {
+        let mut current = &*self.root;
+        for step in &self.path {
+            let next = match step {
+                Step::Key(k) => current.get(&**k),
+                Step::Index(i) => current.get(*i),
+            };
+            // The path was built from this same immutable document, so every step exists.
+            current = next.unwrap_or(&serde_json::Value::Null);
+        }
+        current
+    }
+
+    fn child(&self, step: Step, value: &serde_json::Value) -> Value {
+        let mut path = self.path.clone();
+        path.push(step);
+        json_to_value(&self.root, value, path)
+    }
+}
+
+fn json_to_value(root: &Arc<serde_json::Value>, value: &serde_json::Value, path: Vec<Step>) -> Value {
+    use serde_json::Value as J;
+    match value {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::from(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::from(u)
+            } else {
+                let f = n.as_f64().unwrap_or(f64::NAN);
+                // Integral floats (YAML/JSON `80.0`) behave as integers, as users expect of ports.
+                if f.fract() == 0.0 && f.abs() < 9e15 {
+                    Value::from(f as i64)
+                } else {
+                    Value::from(f)
+                }
+            }
+        }
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(_) | J::Object(_) => Value::from_object(JsonNode { root: root.clone(), path }),
+    }
+}
+
+impl Object for JsonNode {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        if self.node().is_array() {
+            ObjectRepr::Seq
+        } else {
+            ObjectRepr::Map
+        }
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match self.node() {
+            serde_json::Value::Object(map) => {
+                let key = key.as_str()?;
+                let (k, v) = map.get_key_value(key)?;
+                Some(self.child(Step::Key(Arc::from(k.as_str())), v))
+            }
+            serde_json::Value::Array(items) => {
+                let i = key.as_i64()?;
+                let i = if i < 0 { items.len() as i64 + i } else { i };
+                let i = usize::try_from(i).ok()?;
+                items.get(i).map(|v| self.child(Step::Index(i), v))
+            }
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        match self.node() {
+            serde_json::Value::Object(map) => Enumerator::Values(map.keys().map(|k| Value::from(k.as_str())).collect()),
+            serde_json::Value::Array(items) => Enumerator::Seq(items.len()),
+            _ => Enumerator::Empty,
+        }
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        match self.node() {
+            serde_json::Value::Object(map) => Some(map.len()),
+            serde_json::Value::Array(items) => Some(items.len()),
+            _ => Some(0),
+        }
+    }
+}
+
+/// Turns template arguments into index keys the way stores compute them.
+fn keys_from_args(args: &[Value]) -> Result<Vec<String>, Error> {
+    args.iter()
+        .map(|a| {
+            if let Some(s) = a.as_str() {
+                Ok(s.to_string())
+            } else if a.is_number() || a.kind() == minijinja::value::ValueKind::Bool {
+                Ok(a.to_string())
+            } else {
+                Err(Error::new(ErrorKind::InvalidOperation, format!("store keys must be strings or numbers, got {}", a.kind())))
+            }
+        })
+        .collect()
+}
+
+/// One store as seen by templates: `list()`, `fetch(k1, …)`, `get(k1, …)`.
+#[derive(Debug)]
+pub struct StoreView {
+    pub name: String,
+    pub store: Arc<Store>,
+}
+
+impl StoreView {
+    fn to_values<'a>(objects: impl Iterator<Item = &'a Arc<serde_json::Value>>) -> Value {
+        Value::from(objects.map(|o| JsonNode::value(o.clone())).collect::<Vec<_>>())
+    }
+}
+
+impl Object for StoreView {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Plain
+    }
+
+    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+        let store_error = |e: crate::store::StoreError| Error::new(ErrorKind::InvalidOperation, format!("resources.{}: {e}", self.name));
+        match method {
+            "list" => {
+                if !args.is_empty() {
+                    return Err(Error::new(ErrorKind::TooManyArguments, "list() takes no arguments; use fetch(keys…)"));
+                }
+                Ok(Self::to_values(self.store.list()))
+            }
+            "fetch" => {
+                let keys = keys_from_args(args)?;
+                let found = self.store.fetch(&keys).map_err(store_error)?;
+                Ok(Self::to_values(found.iter()))
+            }
+            "get" => {
+                let keys = keys_from_args(args)?;
+                if keys.is_empty() {
+                    return Err(Error::new(ErrorKind::MissingArgument, format!("resources.{}.get() needs at least one key", self.name)));
+                }
+                Ok(self.store.get_one(&keys).map_err(store_error)?.map(JsonNode::value).unwrap_or(Value::from(())))
+            }
+            _ => Err(Error::new(
+                ErrorKind::UnknownMethod,
+                format!("resources.{} has no method {method:?} (list, fetch, get)", self.name),
+            )),
+        }
+    }
+
+    fn render(self: &Arc<Self>, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<store {} ({} objects)>", self.name, self.store.len())
+    }
+}
+
+/// `resources`: every watched store by name.
+#[derive(Debug)]
+pub struct Resources {
+    pub stores: BTreeMap<String, Value>,
+}
+
+impl Resources {
+    pub fn new(stores: &BTreeMap<String, Arc<Store>>) -> Resources {
+        let stores = stores
+            .iter()
+            .map(|(name, store)| (name.clone(), Value::from_object(StoreView { name: name.clone(), store: store.clone() })))
+            .collect();
+        Resources { stores }
+    }
+}
+
+impl Object for Resources {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.stores.get(key.as_str()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.stores.keys().map(|k| Value::from(k.as_str())).collect())
+    }
+}

@@ -1,0 +1,172 @@
+//! `haproxy -c` on a bundle, in a private temporary directory.
+//!
+//! Auxiliary files are referenced relative to haproxy.cfg (`default-path config`), so writing the
+//! bundle as-is into a fresh directory checks exactly what the agent will write.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use haptic_agent::protocol::Bundle;
+
+/// How long one check may take before it is abandoned.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckError {
+    /// HAProxy rejected the configuration; `message` holds its own alerts.
+    Rejected { message: String },
+    /// The check could not run (binary missing, temp dir, timeout).
+    CouldNotRun(String),
+}
+
+impl std::fmt::Display for CheckError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CheckError::Rejected { message } => write!(f, "haproxy rejected the configuration:\n{message}"),
+            CheckError::CouldNotRun(why) => write!(f, "could not run haproxy -c: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for CheckError {}
+
+/// A directory under the system temp dir, private to this process, removed on drop.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(prefix: &str) -> std::io::Result<TempDir> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "{prefix}-{}-{}-{nanos:x}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::DirBuilder::new().mode_private().create(&path)?;
+        Ok(TempDir { path })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+trait PrivateDir {
+    fn mode_private(&mut self) -> &mut Self;
+}
+
+impl PrivateDir for std::fs::DirBuilder {
+    fn mode_private(&mut self) -> &mut Self {
+        use std::os::unix::fs::DirBuilderExt;
+        self.mode(0o700)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Writes haproxy.cfg and every file of the bundle under `dir`, refusing paths that would
+/// escape it.
+pub fn write_bundle(bundle: &Bundle, dir: &Path) -> std::io::Result<()> {
+    std::fs::write(dir.join("haproxy.cfg"), &bundle.haproxy_cfg)?;
+    for file in &bundle.files {
+        let relative = Path::new(&file.path);
+        let safe = relative.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !safe {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("unsafe file path {:?}", file.path)));
+        }
+        let target = dir.join(relative);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(target, &file.content)?;
+    }
+    Ok(())
+}
+
+/// Runs `haproxy -c` on the bundle. `Ok` carries HAProxy's warnings (possibly empty).
+pub fn check_bundle(haproxy_bin: &str, bundle: &Bundle) -> Result<String, CheckError> {
+    let dir = TempDir::new("haptic-check").map_err(|e| CheckError::CouldNotRun(format!("create temp dir: {e}")))?;
+    write_bundle(bundle, dir.path()).map_err(|e| CheckError::CouldNotRun(format!("write bundle: {e}")))?;
+    check_file(haproxy_bin, &dir.path().join("haproxy.cfg"))
+}
+
+/// Runs `haproxy -c -f cfg`, with messages shortened to paths relative to the config dir.
+pub fn check_file(haproxy_bin: &str, cfg: &Path) -> Result<String, CheckError> {
+    let dir = cfg.parent().unwrap_or(Path::new("."));
+    let mut child = Command::new(haproxy_bin)
+        .arg("-c")
+        .arg("-f")
+        .arg(cfg)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| CheckError::CouldNotRun(format!("start {haproxy_bin}: {e}")))?;
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    // Read both pipes on threads so a chatty haproxy cannot block on a full pipe.
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = read(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let err = read(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let deadline = Instant::now() + CHECK_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(CheckError::CouldNotRun(format!("timed out after {}s", CHECK_TIMEOUT.as_secs())));
+            }
+            Err(e) => return Err(CheckError::CouldNotRun(format!("wait for haproxy: {e}"))),
+        }
+    };
+    let output = format!("{}{}", out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let prefix = format!("{}/", dir.display());
+    let output = output.replace(&prefix, "");
+    let relevant: Vec<&str> = output
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("Configuration file is valid"))
+        .collect();
+    if status.success() {
+        Ok(relevant.join("\n"))
+    } else {
+        let alerts: Vec<&str> = relevant.iter().copied().filter(|l| l.contains("ALERT")).collect();
+        let message = if alerts.is_empty() { relevant.join("\n") } else { alerts.join("\n") };
+        Err(CheckError::Rejected { message })
+    }
+}
+
+/// `haproxy -v` → `major.minor` (e.g. `2.6`).
+pub fn haproxy_version(haproxy_bin: &str) -> Result<String, String> {
+    let out = Command::new(haproxy_bin).arg("-v").output().map_err(|e| format!("run {haproxy_bin} -v: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text
+        .split_whitespace()
+        .skip_while(|w| *w != "version")
+        .nth(1)
+        .ok_or_else(|| format!("no version in {haproxy_bin} -v output: {text:?}"))?;
+    let mut parts = version.split('.');
+    match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => Ok(format!("{major}.{}", minor.trim_end_matches(|c: char| !c.is_ascii_digit()))),
+        _ => Err(format!("unexpected haproxy version {version:?}")),
+    }
+}
