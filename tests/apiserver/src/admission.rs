@@ -1,0 +1,323 @@
+//! Validating admission webhooks. Every write to a resource (except the admissionregistration
+//! types themselves, as in Kubernetes) is checked against the stored
+//! ValidatingWebhookConfigurations: rules (apiGroups, apiVersions, resources including
+//! subresources, operations, scope), namespaceSelector and objectSelector. Matching webhooks get
+//! an `admission.k8s.io/v1` AdmissionReview over HTTPS at `clientConfig.url`, trusting
+//! `clientConfig.caBundle`, within `timeoutSeconds`. A denial becomes the Status the real API
+//! server returns (`admission webhook "NAME" denied the request: MSG`); a call that fails is
+//! ignored or refused according to `failurePolicy`. `clientConfig.service` (no cluster DNS here)
+//! and `matchConditions` (CEL) are not supported: the former counts as a failed call.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::auth::User;
+use crate::registry::ResourceType;
+use crate::selectors::LabelSelector;
+use crate::server::Ctx;
+use crate::status::ApiError;
+use crate::util::{base64_decode, new_uid};
+
+const WEBHOOK_CONFIGS: &str = "validatingwebhookconfigurations.admissionregistration.k8s.io";
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+}
+
+impl Operation {
+    fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+        }
+    }
+
+    fn options_kind(self) -> &'static str {
+        match self {
+            Operation::Create => "CreateOptions",
+            Operation::Update => "UpdateOptions",
+            Operation::Delete => "DeleteOptions",
+        }
+    }
+}
+
+/// One write to be reviewed.
+pub struct Review<'a> {
+    pub operation: Operation,
+    pub rtype: &'a ResourceType,
+    pub version: &'a str,
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub subresource: Option<&'a str>,
+    pub user: &'a User,
+    pub dry_run: bool,
+    pub object: Option<&'a Value>,
+    pub old_object: Option<&'a Value>,
+}
+
+/// Runs every matching webhook; the first denial or failing call (with `failurePolicy: Fail`)
+/// refuses the write.
+pub fn validate(ctx: &Ctx, review: &Review) -> Result<(), ApiError> {
+    if review.rtype.group == "admissionregistration.k8s.io" {
+        return Ok(());
+    }
+    let (_, configs) = ctx.store.list(WEBHOOK_CONFIGS, None, None)?;
+    for config in &configs {
+        for hook in config["webhooks"].as_array().into_iter().flatten() {
+            if !matches_rules(hook, review) || !matches_selectors(ctx, hook, review) {
+                continue;
+            }
+            let name = hook["name"].as_str().unwrap_or("");
+            match call(hook, review) {
+                Ok(response) => check_response(name, &response)?,
+                Err(e) => {
+                    let ignore = hook["failurePolicy"].as_str() == Some("Ignore");
+                    log::info!("webhook call failed webhook={name} ignored={ignore} error={e}");
+                    if !ignore {
+                        return Err(ApiError::internal(format!(
+                            "Internal error occurred: failed calling webhook \"{name}\": {e}"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn strings(v: &Value) -> Vec<&str> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn matches_rules(hook: &Value, r: &Review) -> bool {
+    let resource = match r.subresource {
+        Some(sub) => format!("{}/{sub}", r.rtype.plural),
+        None => r.rtype.plural.clone(),
+    };
+    hook["rules"].as_array().into_iter().flatten().any(|rule| {
+        let any_or = |field: &str, value: &str| {
+            strings(&rule[field])
+                .iter()
+                .any(|x| *x == "*" || *x == value)
+        };
+        let resource_ok = strings(&rule["resources"]).iter().any(|x| {
+            *x == resource
+                || (*x == "*" && r.subresource.is_none())
+                || *x == "*/*"
+                || r.subresource.is_some_and(|s| {
+                    *x == format!("*/{s}") || *x == format!("{}/*", r.rtype.plural)
+                })
+        });
+        let scope_ok = match rule["scope"].as_str().unwrap_or("*") {
+            "Cluster" => !r.rtype.namespaced,
+            "Namespaced" => r.rtype.namespaced,
+            _ => true,
+        };
+        any_or("operations", r.operation.as_str())
+            && any_or("apiGroups", &r.rtype.group)
+            && any_or("apiVersions", r.version)
+            && resource_ok
+            && scope_ok
+    })
+}
+
+fn matches_selectors(ctx: &Ctx, hook: &Value, r: &Review) -> bool {
+    let selector = |field: &str| -> Option<LabelSelector> {
+        hook.get(field)
+            .filter(|v| v.is_object())
+            .map(|v| LabelSelector::from_label_selector_object(v).unwrap_or_default())
+    };
+    if let Some(sel) = selector("objectSelector") {
+        let hit = [r.object, r.old_object]
+            .iter()
+            .flatten()
+            .any(|o| sel.matches(o));
+        if !hit {
+            return false;
+        }
+    }
+    if let Some(sel) = selector("namespaceSelector") {
+        let is_namespace = r.rtype.group.is_empty() && r.rtype.plural == "namespaces";
+        let labels = if is_namespace {
+            r.object
+                .or(r.old_object)
+                .map(|o| o["metadata"]["labels"].clone())
+        } else if r.rtype.namespaced {
+            ctx.store
+                .get("namespaces", "", r.namespace)
+                .map(|ns| ns["metadata"]["labels"].clone())
+        } else {
+            return true;
+        };
+        if !sel.matches_labels(&labels.unwrap_or(Value::Null)) {
+            return false;
+        }
+    }
+    true
+}
+
+fn request_body(r: &Review, uid: &str) -> Value {
+    let gvk = json!({"group": r.rtype.group, "version": r.version, "kind": r.rtype.kind});
+    let gvr = json!({"group": r.rtype.group, "version": r.version, "resource": r.rtype.plural});
+    let mut req = json!({
+        "uid": uid,
+        "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
+        "name": r.name,
+        "operation": r.operation.as_str(),
+        "userInfo": r.user.to_json(),
+        "object": r.object.cloned().unwrap_or(Value::Null),
+        "oldObject": r.old_object.cloned().unwrap_or(Value::Null),
+        "dryRun": r.dry_run,
+        "options": {"kind": r.operation.options_kind(), "apiVersion": "meta.k8s.io/v1"},
+    });
+    if r.rtype.namespaced {
+        req["namespace"] = json!(r.namespace);
+    }
+    if let Some(sub) = r.subresource {
+        req["subResource"] = json!(sub);
+        req["requestSubResource"] = json!(sub);
+    }
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
+}
+
+/// Sends the review and returns the webhook's `response` object.
+fn call(hook: &Value, r: &Review) -> Result<Value, String> {
+    let client = &hook["clientConfig"];
+    let url = match client["url"].as_str() {
+        Some(u) => u,
+        None if client["service"].is_object() => {
+            return Err(
+                "failed to call webhook: clientConfig.service is not supported by \
+                        haptic-dev-apiserver (use clientConfig.url)"
+                    .into(),
+            )
+        }
+        None => return Err("failed to call webhook: clientConfig has no url".into()),
+    };
+    let timeout = Duration::from_secs(hook["timeoutSeconds"].as_u64().unwrap_or(10).clamp(1, 30));
+    let mut tls = ureq::tls::TlsConfig::builder();
+    if let Some(bundle) = client["caBundle"].as_str().filter(|b| !b.is_empty()) {
+        let pem = base64_decode(bundle).map_err(|e| format!("caBundle: {e}"))?;
+        let certs: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(&pem)
+            .filter_map(|item| match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        if certs.is_empty() {
+            return Err("caBundle holds no PEM certificate".into());
+        }
+        tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&certs));
+    }
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(tls.build())
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let uid = new_uid();
+    let body = request_body(r, &uid).to_string();
+    let failed = |e: String| format!("failed to call webhook: Post \"{url}\": {e}");
+    let mut resp = agent
+        .post(url)
+        .header("Content-Type", "application/json")
+        .send(body)
+        .map_err(|e| failed(e.to_string()))?;
+    let code = resp.status().as_u16();
+    let text = resp
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| failed(e.to_string()))?;
+    if !(200..300).contains(&code) {
+        return Err(format!(
+            "failed to call webhook: the server responded with status {code}"
+        ));
+    }
+    let review: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("received invalid webhook response: {e}"))?;
+    let response = review
+        .get("response")
+        .filter(|r| r.is_object())
+        .ok_or("received invalid webhook response: no response object")?;
+    if response["uid"].as_str() != Some(uid.as_str()) {
+        return Err(format!(
+            "expected response.uid={uid:?}, got {:?}",
+            response["uid"].as_str().unwrap_or("")
+        ));
+    }
+    Ok(response.clone())
+}
+
+fn check_response(name: &str, response: &Value) -> Result<(), ApiError> {
+    if response["allowed"].as_bool() == Some(true) {
+        return Ok(());
+    }
+    let status = &response["status"];
+    let denied = format!("admission webhook \"{name}\" denied the request");
+    let message = match (status["message"].as_str(), status["reason"].as_str()) {
+        (Some(m), _) if !m.is_empty() => format!("{denied}: {m}"),
+        (_, Some(reason)) if !reason.is_empty() => format!("{denied}: {reason}"),
+        _ => format!("{denied} without explanation"),
+    };
+    let code = status["code"]
+        .as_u64()
+        .map(|c| c as u16)
+        .filter(|c| *c >= 400)
+        .unwrap_or(403);
+    let reason = status["reason"]
+        .as_str()
+        .filter(|r| !r.is_empty())
+        .unwrap_or("Forbidden");
+    Err(ApiError::new(code, reason, message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+
+    #[test]
+    fn rules_and_denials() {
+        let reg = Registry::builtin();
+        let rt = reg.find("", "v1", "configmaps").unwrap();
+        let user = User {
+            name: "u".into(),
+            groups: vec![],
+        };
+        let review = Review {
+            operation: Operation::Create,
+            rtype: &rt,
+            version: "v1",
+            namespace: "default",
+            name: "x",
+            subresource: None,
+            user: &user,
+            dry_run: false,
+            object: None,
+            old_object: None,
+        };
+        let hook = json!({"rules": [{"apiGroups": [""], "apiVersions": ["v1"],
+            "resources": ["configmaps"], "operations": ["CREATE"]}]});
+        assert!(matches_rules(&hook, &review));
+        let other = json!({"rules": [{"apiGroups": ["*"], "apiVersions": ["*"],
+            "resources": ["secrets"], "operations": ["*"]}]});
+        assert!(!matches_rules(&other, &review));
+        let err = check_response(
+            "deny.example.com",
+            &json!({"allowed": false, "status": {"message": "nope"}}),
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.message,
+            "admission webhook \"deny.example.com\" denied the request: nope"
+        );
+        assert_eq!(err.code, 403);
+    }
+}

@@ -1,0 +1,274 @@
+//! Label selectors (`=`, `==`, `!=`, `in`, `notin`, `key`, `!key`) and the field selectors every
+//! resource supports (`metadata.name`, `metadata.namespace` with `=`, `==`, `!=`).
+
+use serde_json::Value;
+
+#[derive(Debug, Clone, PartialEq)]
+enum LabelOp {
+    In(Vec<String>),
+    NotIn(Vec<String>),
+    Exists,
+    NotExists,
+}
+
+/// A parsed label selector; every requirement must hold.
+#[derive(Debug, Clone, Default)]
+pub struct LabelSelector {
+    reqs: Vec<(String, LabelOp)>,
+}
+
+/// A parsed field selector; every term must hold.
+#[derive(Debug, Clone, Default)]
+pub struct FieldSelector {
+    terms: Vec<(String, bool, String)>,
+}
+
+/// Splits on commas that are not inside parentheses.
+fn split_top_level(s: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut depth = 0;
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+        .into_iter()
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+fn parse_set(rest: &str, whole: &str) -> Result<Vec<String>, String> {
+    let rest = rest.trim();
+    let inner = rest
+        .strip_prefix('(')
+        .and_then(|r| r.strip_suffix(')'))
+        .ok_or_else(|| {
+            format!("unable to parse requirement: {whole:?}: expected a set in parentheses")
+        })?;
+    Ok(inner
+        .split(',')
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect())
+}
+
+fn check_key(key: &str, whole: &str) -> Result<String, String> {
+    let ok = !key.is_empty()
+        && key.len() <= 317
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+    if ok {
+        Ok(key.to_string())
+    } else {
+        Err(format!(
+            "unable to parse requirement: invalid label key {key:?} in {whole:?}"
+        ))
+    }
+}
+
+impl LabelSelector {
+    pub fn parse(text: &str) -> Result<LabelSelector, String> {
+        let mut reqs = Vec::new();
+        for part in split_top_level(text) {
+            let req = if let Some(key) = part.strip_prefix('!') {
+                (check_key(key.trim(), part)?, LabelOp::NotExists)
+            } else if let Some((k, v)) = part.split_once("!=") {
+                (
+                    check_key(k.trim(), part)?,
+                    LabelOp::NotIn(vec![v.trim().to_string()]),
+                )
+            } else if let Some((k, v)) = part.split_once("==") {
+                (
+                    check_key(k.trim(), part)?,
+                    LabelOp::In(vec![v.trim().to_string()]),
+                )
+            } else if let Some((k, v)) = part.split_once('=') {
+                (
+                    check_key(k.trim(), part)?,
+                    LabelOp::In(vec![v.trim().to_string()]),
+                )
+            } else if let Some((k, rest)) = part.split_once(" notin ") {
+                (
+                    check_key(k.trim(), part)?,
+                    LabelOp::NotIn(parse_set(rest, part)?),
+                )
+            } else if let Some((k, rest)) = part.split_once(" in ") {
+                (
+                    check_key(k.trim(), part)?,
+                    LabelOp::In(parse_set(rest, part)?),
+                )
+            } else {
+                (check_key(part, part)?, LabelOp::Exists)
+            };
+            reqs.push(req);
+        }
+        Ok(LabelSelector { reqs })
+    }
+
+    /// The selector of a `matchLabels`/`matchExpressions` object (webhook objectSelector).
+    pub fn from_label_selector_object(sel: &Value) -> Result<LabelSelector, String> {
+        let mut reqs = Vec::new();
+        if let Some(m) = sel["matchLabels"].as_object() {
+            for (k, v) in m {
+                reqs.push((
+                    k.clone(),
+                    LabelOp::In(vec![v.as_str().unwrap_or("").to_string()]),
+                ));
+            }
+        }
+        for e in sel["matchExpressions"].as_array().into_iter().flatten() {
+            let key = e["key"].as_str().unwrap_or("").to_string();
+            let values: Vec<String> = e["values"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let op = match e["operator"].as_str() {
+                Some("In") => LabelOp::In(values),
+                Some("NotIn") => LabelOp::NotIn(values),
+                Some("Exists") => LabelOp::Exists,
+                Some("DoesNotExist") => LabelOp::NotExists,
+                other => return Err(format!("unknown selector operator {other:?}")),
+            };
+            reqs.push((key, op));
+        }
+        Ok(LabelSelector { reqs })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.reqs.is_empty()
+    }
+
+    /// Whether an object's `metadata.labels` satisfy the selector.
+    pub fn matches(&self, obj: &Value) -> bool {
+        self.matches_labels(&obj["metadata"]["labels"])
+    }
+
+    /// Whether a labels map satisfies the selector.
+    pub fn matches_labels(&self, labels: &Value) -> bool {
+        self.reqs.iter().all(|(key, op)| {
+            let value = labels.get(key).and_then(Value::as_str);
+            match op {
+                LabelOp::In(set) => value.is_some_and(|v| set.iter().any(|s| s == v)),
+                LabelOp::NotIn(set) => value.is_none_or(|v| !set.iter().any(|s| s == v)),
+                LabelOp::Exists => value.is_some(),
+                LabelOp::NotExists => value.is_none(),
+            }
+        })
+    }
+}
+
+impl FieldSelector {
+    pub fn parse(text: &str) -> Result<FieldSelector, String> {
+        let mut terms = Vec::new();
+        for part in split_top_level(text) {
+            let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
+                (f, false, v)
+            } else if let Some((f, v)) = part.split_once("==") {
+                (f, true, v)
+            } else if let Some((f, v)) = part.split_once('=') {
+                (f, true, v)
+            } else {
+                return Err(format!(
+                    "invalid selector: '{text}'; can't understand '{part}'"
+                ));
+            };
+            let field = field.trim();
+            if field != "metadata.name" && field != "metadata.namespace" {
+                return Err(format!("field label not supported: {field}"));
+            }
+            terms.push((field.to_string(), equal, value.trim().to_string()));
+        }
+        Ok(FieldSelector { terms })
+    }
+
+    pub fn matches(&self, obj: &Value) -> bool {
+        self.terms.iter().all(|(field, equal, value)| {
+            let actual = match field.as_str() {
+                "metadata.name" => obj["metadata"]["name"].as_str().unwrap_or(""),
+                _ => obj["metadata"]["namespace"].as_str().unwrap_or(""),
+            };
+            (actual == value) == *equal
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(labels: Value) -> Value {
+        json!({"metadata": {"name": "a", "namespace": "ns1", "labels": labels}})
+    }
+
+    #[test]
+    fn label_operators() {
+        let o = obj(json!({"app": "web", "tier": "front"}));
+        let yes = [
+            "",
+            "app=web",
+            "app==web",
+            "app!=db",
+            "tier in (front, back)",
+            "tier notin (back)",
+            "app",
+            "!missing",
+            "app=web,tier",
+            "missing notin (x)",
+            "missing!=x",
+        ];
+        for s in yes {
+            assert!(
+                LabelSelector::parse(s).unwrap().matches(&o),
+                "{s} should match"
+            );
+        }
+        let no = [
+            "app=db",
+            "app!=web",
+            "tier in (back)",
+            "tier notin (front)",
+            "missing",
+            "!app",
+        ];
+        for s in no {
+            assert!(
+                !LabelSelector::parse(s).unwrap().matches(&o),
+                "{s} should not match"
+            );
+        }
+        assert!(LabelSelector::parse("a in x").is_err());
+    }
+
+    #[test]
+    fn field_selectors() {
+        let o = obj(json!({}));
+        assert!(FieldSelector::parse("metadata.name=a").unwrap().matches(&o));
+        assert!(
+            FieldSelector::parse("metadata.namespace!=ns2,metadata.name==a")
+                .unwrap()
+                .matches(&o)
+        );
+        assert!(!FieldSelector::parse("metadata.name!=a")
+            .unwrap()
+            .matches(&o));
+        assert!(FieldSelector::parse("spec.x=1")
+            .unwrap_err()
+            .contains("not supported"));
+    }
+}
