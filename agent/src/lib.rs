@@ -20,3 +20,15 @@ pub mod base64;
 pub mod classify;
 pub mod haproxy_cfg;
 pub mod protocol;
+
+// The agent itself (used by the `haptic-agent` binary; public for its integration tests).
+pub mod apply;
+pub mod files;
+pub mod haproxy;
+pub mod http;
+mod recover;
+pub mod runtime;
+pub mod server;
+pub mod state;
+mod status;
+pub mod tls;

@@ -1,1 +1,247 @@
-fn main() {}
+//! `haptic-agent`: the sidecar that applies HAPTIC bundles to the HAProxy beside it.
+//!
+//! ```text
+//! haptic-agent serve --config-dir DIR --master-socket PATH [--worker-socket PATH]
+//!                    [--haproxy-bin PATH] [--listen ADDR] [--probe-listen ADDR]
+//!                    --tls-cert F --tls-key F --client-ca F
+//!                    | --insecure-http-with-basic-auth --credentials PATH
+//!                    [--max-body-bytes N] [--reload-timeout-secs N] [--log-level LEVEL]
+//! haptic-agent init --bootstrap FILE --config-dir DIR
+//! ```
+//! Argument parsing and the stderr logger are hand-written: a dozen flags do not need a crate.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use haptic_agent::apply::Agent;
+use haptic_agent::haproxy::Haproxy;
+use haptic_agent::http::Limits;
+use haptic_agent::server::{self, Credentials, ServerLimits, Transport};
+use haptic_agent::state::{now_rfc3339, StateDir};
+use haptic_agent::tls::{ReloadingTls, TlsFiles};
+
+const USAGE: &str = "usage:
+  haptic-agent serve --config-dir DIR --master-socket PATH [--worker-socket PATH]
+                     [--haproxy-bin PATH] [--listen ADDR] [--probe-listen ADDR]
+                     (--tls-cert F --tls-key F --client-ca F | --insecure-http-with-basic-auth --credentials PATH)
+                     [--max-body-bytes N] [--reload-timeout-secs N] [--log-level error|warn|info|debug]
+  haptic-agent init --bootstrap FILE --config-dir DIR";
+
+/// A minimal logger: `2026-12-02T19:38:34Z INFO message` on stderr.
+struct StderrLogger(log::LevelFilter);
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, metadata: &log::Metadata) -> bool {
+        metadata.level() <= self.0
+    }
+    fn log(&self, record: &log::Record) {
+        if self.enabled(record.metadata()) {
+            eprintln!("{} {:<5} {}", now_rfc3339(), record.level(), record.args());
+        }
+    }
+    fn flush(&self) {}
+}
+
+/// Parsed `--flag value` pairs and bare `--switch`es.
+struct Args {
+    values: Vec<(String, String)>,
+    switches: Vec<String>,
+}
+
+impl Args {
+    fn parse(raw: &[String], switches: &[&str]) -> Result<Args, String> {
+        let mut args = Args {
+            values: Vec::new(),
+            switches: Vec::new(),
+        };
+        let mut it = raw.iter();
+        while let Some(flag) = it.next() {
+            if !flag.starts_with("--") {
+                return Err(format!("unexpected argument {flag:?}"));
+            }
+            if switches.contains(&flag.as_str()) {
+                args.switches.push(flag.clone());
+                continue;
+            }
+            let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            args.values.push((flag.clone(), value.clone()));
+        }
+        Ok(args)
+    }
+
+    fn get(&self, flag: &str) -> Option<&str> {
+        self.values
+            .iter()
+            .rev()
+            .find(|(f, _)| f == flag)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn required(&self, flag: &str) -> Result<&str, String> {
+        self.get(flag).ok_or_else(|| format!("{flag} is required"))
+    }
+
+    fn has(&self, switch: &str) -> bool {
+        self.switches.iter().any(|s| s == switch)
+    }
+
+    fn check_known(&self, known: &[&str]) -> Result<(), String> {
+        match self
+            .values
+            .iter()
+            .find(|(f, _)| !known.contains(&f.as_str()))
+        {
+            Some((f, _)) => Err(format!("unknown flag {f}")),
+            None => Ok(()),
+        }
+    }
+}
+
+fn main() {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let result = match raw.first().map(String::as_str) {
+        Some("serve") => serve(&raw[1..]),
+        Some("init") => init(&raw[1..]),
+        Some("--help" | "-h" | "help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => Err(format!("expected a subcommand\n{USAGE}")),
+    };
+    if let Err(e) = result {
+        eprintln!("haptic-agent: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn setup_logging(level: Option<&str>) -> Result<(), String> {
+    let filter = match level.unwrap_or("info") {
+        "error" => log::LevelFilter::Error,
+        "warn" => log::LevelFilter::Warn,
+        "info" => log::LevelFilter::Info,
+        "debug" => log::LevelFilter::Debug,
+        other => return Err(format!("unknown log level {other:?}")),
+    };
+    log::set_logger(Box::leak(Box::new(StderrLogger(filter))))
+        .map_err(|e| format!("logger: {e}"))?;
+    log::set_max_level(filter);
+    Ok(())
+}
+
+fn read_credentials(path: &str) -> Result<Credentials, String> {
+    let p = PathBuf::from(path);
+    let read =
+        |p: PathBuf| std::fs::read_to_string(&p).map_err(|e| format!("read {}: {e}", p.display()));
+    if p.is_dir() {
+        // A mounted Secret: one file per key.
+        let username = read(p.join("username"))?.trim().to_string();
+        let password = read(p.join("password"))?.trim().to_string();
+        return Ok(Credentials { username, password });
+    }
+    let text = read(p)?;
+    let (username, password) = text
+        .trim()
+        .split_once(':')
+        .ok_or_else(|| format!("{path}: expected username:password"))?;
+    Ok(Credentials {
+        username: username.into(),
+        password: password.into(),
+    })
+}
+
+fn serve(raw: &[String]) -> Result<(), String> {
+    let args = Args::parse(raw, &["--insecure-http-with-basic-auth"])?;
+    args.check_known(&[
+        "--config-dir",
+        "--master-socket",
+        "--worker-socket",
+        "--haproxy-bin",
+        "--listen",
+        "--probe-listen",
+        "--tls-cert",
+        "--tls-key",
+        "--client-ca",
+        "--credentials",
+        "--max-body-bytes",
+        "--reload-timeout-secs",
+        "--log-level",
+    ])?;
+    setup_logging(args.get("--log-level"))?;
+    let config_dir = PathBuf::from(args.required("--config-dir")?);
+    let reload_secs: u64 = args
+        .get("--reload-timeout-secs")
+        .unwrap_or("15")
+        .parse()
+        .map_err(|_| "--reload-timeout-secs must be a number")?;
+    let haproxy = Haproxy {
+        master_socket: PathBuf::from(args.required("--master-socket")?),
+        worker_socket: args.get("--worker-socket").map(PathBuf::from),
+        binary: PathBuf::from(args.get("--haproxy-bin").unwrap_or("haproxy")),
+        command_timeout: Duration::from_secs(10),
+        reload_timeout: Duration::from_secs(reload_secs),
+    };
+    let transport = if args.has("--insecure-http-with-basic-auth") {
+        let creds = read_credentials(args.required("--credentials")?)?;
+        log::warn!(
+            "serving the API over plain HTTP with basic auth (--insecure-http-with-basic-auth)"
+        );
+        Transport::InsecureBasicAuth(Arc::new(creds))
+    } else {
+        let files = TlsFiles {
+            cert: args.required("--tls-cert")?.into(),
+            key: args.required("--tls-key")?.into(),
+            client_ca: args.required("--client-ca")?.into(),
+        };
+        Transport::MutualTls(Arc::new(ReloadingTls::new(files)?))
+    };
+    let mut limits = ServerLimits::default();
+    if let Some(n) = args.get("--max-body-bytes") {
+        limits.http = Limits {
+            max_body_bytes: n.parse().map_err(|_| "--max-body-bytes must be a number")?,
+            ..limits.http
+        };
+    }
+    let listen = args.get("--listen").unwrap_or("0.0.0.0:5555");
+    let probe_listen = args.get("--probe-listen").unwrap_or("0.0.0.0:5556");
+    let fault = std::env::var("HAPTIC_AGENT_FAULT").ok();
+    let agent = Arc::new(Agent::open(&config_dir, haproxy, fault)?);
+    let api = TcpListener::bind(listen).map_err(|e| format!("listen on {listen}: {e}"))?;
+    let probes =
+        TcpListener::bind(probe_listen).map_err(|e| format!("listen on {probe_listen}: {e}"))?;
+    log::info!(
+        "haptic-agent serving api={listen} probes={probe_listen} config_dir={}",
+        config_dir.display()
+    );
+    let probe_agent = agent.clone();
+    std::thread::Builder::new()
+        .name("probes".into())
+        .spawn(move || server::serve_probes(probe_agent, probes, limits))
+        .map_err(|e| format!("start probe thread: {e}"))?;
+    server::serve_api(agent, api, transport, limits);
+    Ok(())
+}
+
+/// Writes the bootstrap configuration for the pod's init step and marks the state `bootstrap`
+/// (the highest leader epoch and the file manifest are kept: fencing and cleanup stay correct).
+fn init(raw: &[String]) -> Result<(), String> {
+    let args = Args::parse(raw, &[])?;
+    args.check_known(&["--bootstrap", "--config-dir", "--log-level"])?;
+    setup_logging(args.get("--log-level"))?;
+    let bootstrap = args.required("--bootstrap")?;
+    let config_dir = PathBuf::from(args.required("--config-dir")?);
+    let text = std::fs::read(bootstrap).map_err(|e| format!("read {bootstrap}: {e}"))?;
+    let state_dir = StateDir::new(&config_dir);
+    let mut state = state_dir.load_state()?;
+    haptic_agent::state::write_atomic(&config_dir.join(haptic_agent::files::CONFIG_FILE), &text)?;
+    state.bundle = None;
+    state.config_sha256 = None;
+    state.master_pid = None;
+    state_dir.save_state(&state)?;
+    log::info!(
+        "wrote bootstrap configuration to {}",
+        config_dir.join("haproxy.cfg").display()
+    );
+    Ok(())
+}

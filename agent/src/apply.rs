@@ -1,0 +1,522 @@
+//! Applying bundles: fencing, planning, staging, `haproxy -c`, disk-first install, runtime
+//! commands or a confirmed reload, rollback, stale-file cleanup, and recovery of an apply that a
+//! crash interrupted.
+//!
+//! One apply runs at a time (a second one gets 423). `GET /v1/state` never waits for an apply: it
+//! reports the last known state with `busy: true`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::time::Instant;
+
+use crate::classify::{classify, Classification};
+use crate::files::{
+    self, check_no_symlinks, check_path_shape, hash_file, Disk, CONFIG_FILE, NEXT_CONFIG_FILE,
+};
+use crate::haproxy::{Haproxy, ProcInfo};
+use crate::protocol::{sha256_hex, ApplyRecord, ApplyResponse, Bundle, Drift, ErrorBody};
+use crate::runtime;
+use crate::state::{now_rfc3339, Journal, Manifest, ManifestEntry, Persisted, Phase, StateDir};
+
+/// A refused or failed apply: the HTTP status and the JSON body.
+#[derive(Debug)]
+pub struct ApplyError {
+    pub status: u16,
+    pub body: Box<ErrorBody>,
+}
+
+impl ApplyError {
+    fn new(status: u16, error: &str, detail: impl Into<String>) -> ApplyError {
+        ApplyError {
+            status,
+            body: Box::new(ErrorBody::new(error, detail)),
+        }
+    }
+
+    fn internal(detail: impl Into<String>) -> ApplyError {
+        ApplyError::new(500, "internal", detail)
+    }
+}
+
+/// A `PUT /v1/bundle`, decoded.
+#[derive(Debug, Clone)]
+pub struct ApplyRequest {
+    pub bundle: Bundle,
+    /// `If-Match`: the bundle the sender believes is applied, or `*`.
+    pub if_match: Option<String>,
+    /// `X-Haptic-Epoch`: the sender's leader epoch.
+    pub epoch: Option<u64>,
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Inner {
+    pub persisted: Persisted,
+    /// The applied bundle as read back from disk; `None` when unknown (bootstrap, or disk no
+    /// longer matches the manifest), which makes the next apply a reload.
+    pub applied: Option<Bundle>,
+    pub drift: Drift,
+}
+
+/// The agent's apply engine and the state it guards.
+pub struct Agent {
+    pub(crate) root: PathBuf,
+    pub(crate) disk: Disk,
+    pub(crate) state_dir: StateDir,
+    pub(crate) haproxy: Haproxy,
+    apply_lock: Mutex<()>,
+    pub(crate) inner: Mutex<Inner>,
+    /// Test-only fault injection (`HAPTIC_AGENT_FAULT`): exit at a named point of an apply.
+    fault: Option<String>,
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn millis(since: Instant) -> u64 {
+    since.elapsed().as_millis() as u64
+}
+
+fn manifest_of(bundle: &Bundle) -> Manifest {
+    bundle
+        .files
+        .iter()
+        .map(|f| {
+            (
+                f.path.clone(),
+                ManifestEntry {
+                    kind: f.kind.as_str().into(),
+                    sha256: sha256_hex(&f.content),
+                },
+            )
+        })
+        .collect()
+}
+
+impl Agent {
+    /// Opens the configuration directory: loads the state, finishes or undoes an interrupted
+    /// apply, and reads the applied bundle back from disk.
+    pub fn open(root: &Path, haproxy: Haproxy, fault: Option<String>) -> Result<Agent, String> {
+        let state_dir = StateDir::new(root);
+        std::fs::create_dir_all(&state_dir.root)
+            .map_err(|e| format!("create {}: {e}", state_dir.root.display()))?;
+        let persisted = state_dir.load_state()?;
+        let disk = Disk {
+            root: root.to_path_buf(),
+            stage: state_dir.stage(),
+            prev: state_dir.prev(),
+        };
+        let agent = Agent {
+            root: root.to_path_buf(),
+            disk,
+            state_dir,
+            haproxy,
+            apply_lock: Mutex::new(()),
+            inner: Mutex::new(Inner {
+                persisted,
+                applied: None,
+                drift: Drift::default(),
+            }),
+            fault,
+        };
+        {
+            let mut inner = lock(&agent.inner);
+            agent.recover(&mut inner)?;
+            inner.applied = agent.load_applied(&inner.persisted);
+            let _ = agent.refresh(&mut inner);
+            inner.drift = agent.drift(&inner.persisted);
+        }
+        Ok(agent)
+    }
+
+    pub(crate) fn apply_lock(&self) -> &Mutex<()> {
+        &self.apply_lock
+    }
+
+    fn fault_point(&self, name: &str) {
+        if self.fault.as_deref() == Some(name) {
+            log::error!("fault injection: exiting at {name}");
+            std::process::exit(86);
+        }
+    }
+
+    /// Applies a bundle (or plans it, for a dry run).
+    pub fn apply(&self, req: ApplyRequest) -> Result<ApplyResponse, ApplyError> {
+        let started = Instant::now();
+        let _guard = match self.apply_lock.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => {
+                return Err(ApplyError::new(
+                    423,
+                    "busy",
+                    "another apply is running; retry when it has finished",
+                ))
+            }
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        // Only holders of the apply lock change `inner`, so working on a copy is race-free.
+        let mut inner = lock(&self.inner).clone();
+        let _ = self.refresh(&mut inner);
+        let outcome = self.apply_locked(&mut inner, &req, started);
+        if !req.dry_run {
+            let record = match &outcome {
+                Ok(r) => ApplyRecord {
+                    at: now_rfc3339(),
+                    result: r.result.clone(),
+                    bundle: Some(r.bundle.clone()),
+                    status: 200,
+                    error: None,
+                    timings_ms: r.timings_ms.clone(),
+                },
+                Err(e) => ApplyRecord {
+                    at: now_rfc3339(),
+                    result: "failed".into(),
+                    bundle: Some(req.bundle.hash().to_string()),
+                    status: e.status,
+                    error: Some(format!("{}: {}", e.body.error, e.body.detail)),
+                    timings_ms: BTreeMap::new(),
+                },
+            };
+            inner.persisted.last_apply = Some(record);
+            if let Err(e) = self.state_dir.save_state(&inner.persisted) {
+                log::error!("saving state failed: {e}");
+            }
+        }
+        inner.drift = self.drift(&inner.persisted);
+        *lock(&self.inner) = inner;
+        match &outcome {
+            Ok(r) => log::info!(
+                "apply result={} bundle={} commands={} total_ms={}",
+                r.result,
+                r.bundle,
+                r.commands.len(),
+                r.timings_ms.get("total").copied().unwrap_or(0)
+            ),
+            Err(e) => log::warn!(
+                "apply refused status={} error={} detail={}",
+                e.status,
+                e.body.error,
+                e.body.detail
+            ),
+        }
+        outcome
+    }
+
+    fn apply_locked(
+        &self,
+        inner: &mut Inner,
+        req: &ApplyRequest,
+        started: Instant,
+    ) -> Result<ApplyResponse, ApplyError> {
+        let hash = req.bundle.hash();
+        if let (Some(epoch), Some(highest)) = (req.epoch, inner.persisted.leader_epoch) {
+            if epoch < highest {
+                let mut e = ApplyError::new(
+                    412,
+                    "stale_epoch",
+                    format!("leader epoch {epoch} is older than {highest}, already accepted"),
+                );
+                e.body.highest_epoch = Some(highest);
+                return Err(e);
+            }
+        }
+        let applied = inner.persisted.bundle.clone();
+        let same = applied.as_deref() == Some(hash.as_str());
+        if same
+            && !req.dry_run
+            && inner.applied.is_some()
+            && self.drift(&inner.persisted) == Drift::default()
+        {
+            accept_epoch(inner, req.epoch);
+            return Ok(ApplyResponse {
+                result: "no_change".into(),
+                bundle: hash.to_string(),
+                timings_ms: BTreeMap::from([("total".to_string(), millis(started))]),
+                ..ApplyResponse::default()
+            });
+        }
+        if let Some(base) = req.if_match.as_deref().map(|m| m.trim().trim_matches('"')) {
+            if base != "*" && Some(base) != applied.as_deref() && !same {
+                let current = applied.as_deref().unwrap_or("none (bootstrap)");
+                let mut e = ApplyError::new(
+                    409,
+                    "base_mismatch",
+                    format!("If-Match {base} does not match the applied bundle {current}"),
+                );
+                e.body.current_bundle = applied.clone();
+                return Err(e);
+            }
+        }
+        for f in &req.bundle.files {
+            check_path_shape(&f.path)
+                .and_then(|_| check_no_symlinks(&self.root, &f.path))
+                .map_err(|detail| ApplyError::new(400, "invalid_path", detail))?;
+        }
+        let plan = match (&inner.applied, &applied) {
+            (Some(old), Some(_)) => classify(old, &req.bundle),
+            _ => Classification::Reload(vec![
+                "HAProxy runs a configuration the agent did not apply (bootstrap)".into(),
+            ]),
+        };
+        if req.dry_run {
+            return Ok(ApplyResponse {
+                result: plan.result_name().into(),
+                bundle: hash.to_string(),
+                dry_run: true,
+                commands: plan.commands(),
+                reasons: plan.reasons().to_vec(),
+                timings_ms: BTreeMap::from([("total".to_string(), millis(started))]),
+                ..ApplyResponse::default()
+            });
+        }
+        accept_epoch(inner, req.epoch);
+        let before = self
+            .haproxy
+            .show_proc(self.haproxy.command_timeout)
+            .map_err(|e| ApplyError::new(503, "haproxy_unreachable", e.to_string()))?;
+        let mut response = self.execute(inner, &req.bundle, &hash.to_string(), plan, &before)?;
+        response.timings_ms.insert("total".into(), millis(started));
+        Ok(response)
+    }
+
+    /// Stage, check, install, then runtime commands or a reload. On any failure after staging the
+    /// previous files are restored.
+    fn execute(
+        &self,
+        inner: &mut Inner,
+        bundle: &Bundle,
+        hash: &str,
+        plan: Classification,
+        before: &ProcInfo,
+    ) -> Result<ApplyResponse, ApplyError> {
+        let mut timings = BTreeMap::new();
+        let t = Instant::now();
+        let journal = self.stage(bundle, hash).map_err(ApplyError::internal)?;
+        timings.insert("write".to_string(), millis(t));
+        let undo = |status: u16, error: &str, detail: String| -> ApplyError {
+            let restored = self.disk.restore(&journal.replaced, &journal.created);
+            if let Err(e) = &restored {
+                log::error!("restoring the previous files failed: {e}");
+            }
+            let _ = self.state_dir.clear_journal();
+            let _ = self.disk.clean_work_areas();
+            let mut e = ApplyError::new(status, error, detail);
+            e.body.rolled_back = Some(restored.is_ok());
+            e
+        };
+        if plan != Classification::NoChange {
+            let t = Instant::now();
+            let checked = self.haproxy.check(
+                &self.root,
+                Path::new(NEXT_CONFIG_FILE),
+                &self.state_dir.check_log(),
+            );
+            timings.insert("validate".to_string(), millis(t));
+            if let Err(e) = checked {
+                let mut err = undo(
+                    422,
+                    "invalid_config",
+                    "haproxy -c rejected the configuration; nothing was changed".into(),
+                );
+                err.body.check_output = Some(e.detail);
+                return Err(err);
+            }
+        }
+        self.fault_point("after-stage");
+        std::fs::rename(
+            self.root.join(NEXT_CONFIG_FILE),
+            self.root.join(CONFIG_FILE),
+        )
+        .map_err(|e| undo(500, "internal", format!("install haproxy.cfg: {e}")))?;
+        let committed = Journal {
+            phase: Phase::Committed,
+            ..journal.clone()
+        };
+        self.state_dir
+            .save_journal(&committed)
+            .map_err(|e| undo(500, "internal", e))?;
+        self.fault_point("after-commit");
+
+        let mut response = ApplyResponse {
+            result: plan.result_name().into(),
+            bundle: hash.to_string(),
+            reasons: plan.reasons().to_vec(),
+            worker_pid_before: before.worker_pid(),
+            ..ApplyResponse::default()
+        };
+        let mut needs_reload = matches!(plan, Classification::Reload(_));
+        if let Classification::Runtime(actions) = &plan {
+            let t = Instant::now();
+            match runtime::execute(&self.haproxy, actions, bundle) {
+                Ok(sent) => response.commands = sent,
+                Err(failure) => {
+                    log::warn!(
+                        "runtime command failed, reloading with the new files instead: {}",
+                        failure.error
+                    );
+                    response.commands = failure.sent;
+                    response
+                        .warnings
+                        .push(format!("runtime command failed: {}", failure.error));
+                    response.reasons.push("runtime_failed".into());
+                    response.result = "reload".into();
+                    needs_reload = true;
+                }
+            }
+            timings.insert("runtime".to_string(), millis(t));
+        }
+        if needs_reload {
+            let t = Instant::now();
+            match self.haproxy.reload() {
+                Ok(outcome) => response.worker_pid_after = outcome.worker_pid_after,
+                Err(e) => {
+                    return Err(undo(
+                        502,
+                        "reload_failed",
+                        format!("{e}; the previous files were restored"),
+                    ));
+                }
+            }
+            timings.insert("reload".to_string(), millis(t));
+        } else {
+            response.worker_pid_after = self
+                .haproxy
+                .show_proc(self.haproxy.command_timeout)
+                .ok()
+                .and_then(|p| p.worker_pid());
+        }
+        self.delete_stale(&inner.persisted.files, &journal.manifest);
+        let p = &mut inner.persisted;
+        p.bundle = Some(hash.to_string());
+        p.config_sha256 = Some(journal.config_sha256.clone());
+        p.files = journal.manifest.clone();
+        p.generation += 1;
+        p.applied_at = Some(now_rfc3339());
+        p.master_pid = Some(before.master_pid);
+        inner.applied = Some(bundle.clone());
+        self.state_dir
+            .save_state(&inner.persisted)
+            .map_err(ApplyError::internal)?;
+        let _ = self.state_dir.clear_journal();
+        let _ = self.disk.clean_work_areas();
+        response.timings_ms = timings;
+        Ok(response)
+    }
+
+    /// Writes changed files to the staging area, backs up what they replace, records the journal,
+    /// moves them into place and writes `haproxy.cfg.next`.
+    fn stage(&self, bundle: &Bundle, hash: &str) -> Result<Journal, String> {
+        self.disk.clean_work_areas()?;
+        let mut created = Vec::new();
+        let mut replaced = Vec::new();
+        for f in &bundle.files {
+            let on_disk = hash_file(&self.disk.target(&f.path))?;
+            if on_disk.as_deref() == Some(sha256_hex(&f.content).as_str()) {
+                continue;
+            }
+            self.disk.stage(&f.path, &f.content)?;
+            if on_disk.is_some() {
+                self.disk.back_up(&f.path)?;
+                replaced.push(f.path.clone());
+            } else {
+                created.push(f.path.clone());
+            }
+        }
+        if self.disk.target(CONFIG_FILE).exists() {
+            self.disk.back_up(CONFIG_FILE)?;
+            replaced.push(CONFIG_FILE.into());
+        }
+        let journal = Journal {
+            phase: Phase::Staged,
+            bundle: hash.to_string(),
+            config_sha256: sha256_hex(bundle.haproxy_cfg.as_bytes()),
+            manifest: manifest_of(bundle),
+            created,
+            replaced,
+        };
+        self.state_dir.save_journal(&journal)?;
+        for rel in journal
+            .created
+            .iter()
+            .chain(&journal.replaced)
+            .filter(|r| *r != CONFIG_FILE)
+        {
+            self.disk.install(rel)?;
+        }
+        files::write_synced(
+            &self.root.join(NEXT_CONFIG_FILE),
+            bundle.haproxy_cfg.as_bytes(),
+            0o644,
+        )?;
+        Ok(journal)
+    }
+
+    /// Deletes files the previous bundle had and the new one does not (only files the agent
+    /// wrote: the manifest says which).
+    pub(crate) fn delete_stale(&self, old: &Manifest, new: &Manifest) {
+        for path in old.keys().filter(|p| !new.contains_key(*p)) {
+            if check_path_shape(path)
+                .and_then(|_| check_no_symlinks(&self.root, path))
+                .is_err()
+            {
+                continue;
+            }
+            match files::remove_file(&self.disk.target(path)) {
+                Ok(()) => log::debug!("deleted stale file path={path}"),
+                Err(e) => log::warn!("deleting stale file failed: {e}"),
+            }
+        }
+    }
+
+    /// `POST /v1/reload`: a forced reload of what is on disk.
+    pub fn force_reload(&self) -> Result<ApplyResponse, ApplyError> {
+        let started = Instant::now();
+        let _guard = match self.apply_lock.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => {
+                return Err(ApplyError::new(
+                    423,
+                    "busy",
+                    "an apply is running; retry when it has finished",
+                ))
+            }
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        let outcome = self
+            .haproxy
+            .reload()
+            .map_err(|e| ApplyError::new(502, "reload_failed", e.to_string()))?;
+        let mut inner = lock(&self.inner);
+        let response = ApplyResponse {
+            result: "reload".into(),
+            bundle: inner.persisted.bundle.clone().unwrap_or_default(),
+            reasons: vec!["forced".into()],
+            worker_pid_before: outcome.worker_pid_before,
+            worker_pid_after: outcome.worker_pid_after,
+            timings_ms: BTreeMap::from([
+                ("reload".to_string(), outcome.duration.as_millis() as u64),
+                ("total".to_string(), millis(started)),
+            ]),
+            ..ApplyResponse::default()
+        };
+        log::info!("forced reload worker_pid={:?}", outcome.worker_pid_after);
+        inner.persisted.last_apply = Some(ApplyRecord {
+            at: now_rfc3339(),
+            result: "reload".into(),
+            bundle: inner.persisted.bundle.clone(),
+            status: 200,
+            error: None,
+            timings_ms: response.timings_ms.clone(),
+        });
+        let _ = self.state_dir.save_state(&inner.persisted);
+        Ok(response)
+    }
+}
+
+fn accept_epoch(inner: &mut Inner, epoch: Option<u64>) {
+    if let Some(e) = epoch {
+        inner.persisted.leader_epoch = Some(inner.persisted.leader_epoch.map_or(e, |h| h.max(e)));
+    }
+}

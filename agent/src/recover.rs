@@ -1,0 +1,145 @@
+//! Bringing the agent's memory in line with reality: reading the applied bundle back from disk,
+//! finishing or undoing an apply a crash interrupted, noticing a restarted HAProxy, and comparing
+//! disk with the manifest (drift).
+
+use std::collections::BTreeMap;
+
+use crate::apply::{Agent, Inner};
+use crate::files::{hash_file, CONFIG_FILE};
+use crate::haproxy::ProcInfo;
+use crate::protocol::{ApplyRecord, Bundle, BundleFile, Drift, FileKind};
+use crate::state::{now_rfc3339, Persisted, Phase};
+
+impl Agent {
+    /// Reads the applied bundle back from disk; `None` if anything differs from the manifest.
+    pub(crate) fn load_applied(&self, p: &Persisted) -> Option<Bundle> {
+        let expected = p.bundle.as_deref()?;
+        let cfg = std::fs::read_to_string(self.root.join(CONFIG_FILE)).ok()?;
+        let mut files = Vec::new();
+        for (path, entry) in &p.files {
+            let content = std::fs::read(self.root.join(path)).ok()?;
+            files.push(BundleFile {
+                kind: FileKind::parse(&entry.kind)?,
+                path: path.clone(),
+                content,
+            });
+        }
+        let bundle = Bundle::new(cfg, files);
+        if bundle.hash().as_str() == expected {
+            Some(bundle)
+        } else {
+            log::warn!("disk no longer holds the applied bundle bundle={expected}; the next apply will reload");
+            None
+        }
+    }
+
+    /// Finishes (phase committed) or undoes (phase staged) an apply that a crash interrupted.
+    pub(crate) fn recover(&self, inner: &mut Inner) -> Result<(), String> {
+        let Some(journal) = self.state_dir.load_journal()? else {
+            return Ok(());
+        };
+        let finished = journal.phase == Phase::Committed && {
+            match self.haproxy.reload() {
+                Ok(outcome) => {
+                    log::info!(
+                        "finished an interrupted apply bundle={} worker_pid={:?}",
+                        journal.bundle,
+                        outcome.worker_pid_after
+                    );
+                    true
+                }
+                Err(e) => {
+                    log::error!(
+                        "could not finish an interrupted apply bundle={}: {e}; rolling back",
+                        journal.bundle
+                    );
+                    false
+                }
+            }
+        };
+        let result = if finished {
+            self.delete_stale(&inner.persisted.files, &journal.manifest);
+            let p = &mut inner.persisted;
+            p.bundle = Some(journal.bundle.clone());
+            p.config_sha256 = Some(journal.config_sha256.clone());
+            p.files = journal.manifest.clone();
+            p.generation += 1;
+            p.applied_at = Some(now_rfc3339());
+            p.master_pid = self
+                .haproxy
+                .show_proc(self.haproxy.command_timeout)
+                .ok()
+                .map(|i| i.master_pid);
+            "reload"
+        } else {
+            self.disk.restore(&journal.replaced, &journal.created)?;
+            log::warn!("rolled back an interrupted apply bundle={}", journal.bundle);
+            "failed"
+        };
+        inner.persisted.last_apply = Some(ApplyRecord {
+            at: now_rfc3339(),
+            result: result.into(),
+            bundle: Some(journal.bundle.clone()),
+            status: if finished { 200 } else { 500 },
+            error: (!finished).then(|| {
+                "the agent stopped during this apply; it was rolled back at restart".to_string()
+            }),
+            timings_ms: BTreeMap::new(),
+        });
+        self.state_dir.save_state(&inner.persisted)?;
+        self.state_dir.clear_journal()?;
+        self.disk.clean_work_areas()
+    }
+
+    /// Reads `show proc`; notices a restarted HAProxy master. If the new master runs a
+    /// configuration other than the applied one (the container copied its bootstrap config), the
+    /// agent forgets the applied bundle and reports `bootstrap` until the next apply.
+    pub(crate) fn refresh(&self, inner: &mut Inner) -> Result<ProcInfo, String> {
+        let proc = self
+            .haproxy
+            .show_proc(self.haproxy.command_timeout)
+            .map_err(|e| e.to_string())?;
+        let p = &mut inner.persisted;
+        if p.master_pid != Some(proc.master_pid) {
+            let on_disk = hash_file(&self.root.join(CONFIG_FILE))?;
+            if p.bundle.is_some() && on_disk != p.config_sha256 {
+                log::warn!(
+                    "HAProxy master restarted master_pid={} with a configuration the agent did not apply; mode=bootstrap",
+                    proc.master_pid
+                );
+                p.bundle = None;
+                p.config_sha256 = None;
+                inner.applied = None;
+            } else if p.bundle.is_some() {
+                log::info!(
+                    "HAProxy master restarted master_pid={} with the applied configuration",
+                    proc.master_pid
+                );
+            }
+            p.master_pid = Some(proc.master_pid);
+            self.state_dir.save_state(p)?;
+        }
+        Ok(proc)
+    }
+
+    /// Compares disk with the manifest of the applied bundle.
+    pub(crate) fn drift(&self, p: &Persisted) -> Drift {
+        let mut drift = Drift::default();
+        if p.bundle.is_none() {
+            return drift;
+        }
+        if hash_file(&self.root.join(CONFIG_FILE)).ok().flatten() != p.config_sha256 {
+            drift.config_ok = false;
+            drift.mismatches.push(CONFIG_FILE.into());
+        }
+        for (path, entry) in &p.files {
+            if hash_file(&self.root.join(path)).ok().flatten().as_deref()
+                != Some(entry.sha256.as_str())
+            {
+                drift.files_ok = false;
+                drift.mismatches.push(path.clone());
+            }
+        }
+        drift
+    }
+}

@@ -1,0 +1,334 @@
+//! The agent's listeners: the API (mutual TLS, or the explicit legacy plain-HTTP mode with basic
+//! auth) and the plain probe port. One thread per connection, bounded; one request per
+//! connection; read and write timeouts on the socket and a deadline for the whole request.
+
+use std::io::{BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rustls::{ServerConnection, StreamOwned};
+
+use crate::apply::{Agent, ApplyRequest};
+use crate::http::{self, Head, Limits, ReadError, Response};
+use crate::protocol::{Bundle, WireBundle};
+use crate::tls::ReloadingTls;
+
+/// Username and password of the legacy plain-HTTP mode.
+#[derive(Clone)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+/// How API clients prove who they are.
+#[derive(Clone)]
+pub enum Transport {
+    /// HTTPS; the client certificate must chain to the configured CA.
+    MutualTls(Arc<ReloadingTls>),
+    /// Plain HTTP with `Authorization: Basic` (only when explicitly enabled).
+    InsecureBasicAuth(Arc<Credentials>),
+}
+
+/// Connection handling limits.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    pub http: Limits,
+    /// Per socket read/write.
+    pub io_timeout: Duration,
+    /// For reading a whole request.
+    pub request_timeout: Duration,
+    pub max_connections: usize,
+}
+
+impl Default for ServerLimits {
+    fn default() -> ServerLimits {
+        ServerLimits {
+            http: Limits::default(),
+            io_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(60),
+            max_connections: 32,
+        }
+    }
+}
+
+/// Accepts API connections forever (run it on its own thread).
+pub fn serve_api(
+    agent: Arc<Agent>,
+    listener: TcpListener,
+    transport: Transport,
+    limits: ServerLimits,
+) {
+    serve(listener, limits, move |stream| match &transport {
+        Transport::MutualTls(tls) => serve_tls(&agent, stream, tls, &limits),
+        Transport::InsecureBasicAuth(creds) => {
+            let mut reader = BufReader::new(stream);
+            handle(&mut reader, &limits, |head, body| {
+                if !authorized(head, creds) {
+                    return Response::error(
+                        401,
+                        "unauthorized",
+                        "basic credentials missing or wrong",
+                    )
+                    .with_header("WWW-Authenticate", "Basic realm=\"haptic-agent\"");
+                }
+                route_api(&agent, head, body)
+            })
+        }
+    });
+}
+
+/// Accepts probe connections forever: `/healthz` and `/readyz` over plain HTTP.
+pub fn serve_probes(agent: Arc<Agent>, listener: TcpListener, limits: ServerLimits) {
+    let probe_limits = ServerLimits {
+        http: Limits {
+            max_body_bytes: 0,
+            ..limits.http
+        },
+        ..limits
+    };
+    serve(listener, probe_limits, move |stream| {
+        let mut reader = BufReader::new(stream);
+        handle(&mut reader, &probe_limits, |head, _| {
+            match (head.method.as_str(), head.path.as_str()) {
+                ("GET", "/healthz") => Response::text(200, "ok\n"),
+                ("GET", "/readyz") => match agent.ready() {
+                    Ok(()) => Response::text(200, "ready\n"),
+                    Err(e) => Response::text(503, format!("not ready: {e}\n")),
+                },
+                _ => Response::error(
+                    404,
+                    "not_found",
+                    format!("no {} {}", head.method, head.path),
+                ),
+            }
+        })
+    });
+}
+
+fn serve(
+    listener: TcpListener,
+    limits: ServerLimits,
+    handler: impl Fn(TcpStream) + Send + Sync + 'static,
+) {
+    let handler = Arc::new(handler);
+    let active = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let stream = match stream {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        if active.load(Ordering::SeqCst) >= limits.max_connections {
+            log::warn!(
+                "too many connections, refusing peer={:?}",
+                stream.peer_addr().ok()
+            );
+            continue;
+        }
+        let _ = stream.set_read_timeout(Some(limits.io_timeout));
+        let _ = stream.set_write_timeout(Some(limits.io_timeout));
+        let _ = stream.set_nodelay(true);
+        active.fetch_add(1, Ordering::SeqCst);
+        let (handler, active) = (handler.clone(), active.clone());
+        let spawned = std::thread::Builder::new()
+            .name("agent-conn".into())
+            .spawn(move || {
+                handler(stream);
+                active.fetch_sub(1, Ordering::SeqCst);
+            });
+        if let Err(e) = spawned {
+            log::error!("cannot start a connection thread: {e}");
+        }
+    }
+}
+
+fn serve_tls(agent: &Arc<Agent>, stream: TcpStream, tls: &ReloadingTls, limits: &ServerLimits) {
+    let peer = stream.peer_addr().ok();
+    let conn = match ServerConnection::new(tls.config()) {
+        Ok(c) => c,
+        Err(e) => {
+            log::error!("TLS session setup failed: {e}");
+            return;
+        }
+    };
+    let mut tls_stream = StreamOwned::new(conn, stream);
+    // Finish the handshake first so refused clients are logged as such (and get their alert).
+    while tls_stream.conn.is_handshaking() {
+        if let Err(e) = tls_stream.conn.complete_io(&mut tls_stream.sock) {
+            log::info!("TLS handshake refused peer={peer:?}: {e}");
+            let _ = tls_stream.conn.write_tls(&mut tls_stream.sock);
+            return;
+        }
+    }
+    let mut reader = BufReader::new(tls_stream);
+    handle(&mut reader, limits, |head, body| {
+        route_api(agent, head, body)
+    });
+    let stream = reader.get_mut();
+    stream.conn.send_close_notify();
+    let _ = stream.conn.complete_io(&mut stream.sock);
+}
+
+/// Reads one request, answers it with `route`, and closes.
+fn handle<S: Read + Write>(
+    reader: &mut BufReader<S>,
+    limits: &ServerLimits,
+    route: impl FnOnce(&Head, Vec<u8>) -> Response,
+) {
+    let deadline = Instant::now() + limits.request_timeout;
+    let response = match read_request(reader, limits, deadline) {
+        Ok((head, body)) => route(&head, body),
+        Err(ReadError::Closed) => return,
+        Err(ReadError::Io(e)) => {
+            log::debug!("reading request failed: {e}");
+            return;
+        }
+        Err(ReadError::Malformed(m)) => Response::error(400, "bad_request", m),
+        Err(ReadError::HeadTooLarge) => Response::error(
+            431,
+            "head_too_large",
+            format!(
+                "request line and headers exceed {} bytes or {} headers",
+                limits.http.max_head_bytes, limits.http.max_headers
+            ),
+        ),
+        Err(ReadError::LengthRequired) => Response::error(
+            411,
+            "length_required",
+            "send the body with Content-Length (chunked uploads are not accepted)",
+        ),
+        Err(ReadError::BodyTooLarge(n)) => {
+            let resp = Response::error(
+                413,
+                "body_too_large",
+                format!(
+                    "body of {n} bytes exceeds the limit of {} bytes",
+                    limits.http.max_body_bytes
+                ),
+            );
+            let _ = http::write_response(reader.get_mut(), &resp);
+            // Read (and drop) a bounded amount of what the client is still sending, so it sees
+            // the answer instead of a reset connection.
+            let _ = std::io::copy(
+                &mut reader
+                    .take(n.min(limits.http.max_body_bytes.saturating_mul(2).max(1 << 20)) as u64),
+                &mut std::io::sink(),
+            );
+            return;
+        }
+    };
+    if let Err(e) = http::write_response(reader.get_mut(), &response) {
+        log::debug!("writing response failed: {e}");
+    }
+}
+
+fn read_request<S: Read + Write>(
+    reader: &mut BufReader<S>,
+    limits: &ServerLimits,
+    deadline: Instant,
+) -> Result<(Head, Vec<u8>), ReadError> {
+    let head = http::read_head(reader, &limits.http)?;
+    let len = http::body_length(&head, &limits.http)?;
+    if len > 0
+        && head
+            .header("expect")
+            .is_some_and(|v| v.eq_ignore_ascii_case("100-continue"))
+    {
+        http::write_continue(reader.get_mut())?;
+    }
+    let body = http::read_body(reader, len, deadline)?;
+    Ok((head, body))
+}
+
+fn authorized(head: &Head, creds: &Credentials) -> bool {
+    let Some(encoded) = head
+        .header("authorization")
+        .and_then(|v| v.strip_prefix("Basic "))
+    else {
+        return false;
+    };
+    let Ok(decoded) = crate::base64::decode(encoded.trim()) else {
+        return false;
+    };
+    let expected = format!("{}:{}", creds.username, creds.password);
+    constant_time_eq(&decoded, expected.as_bytes())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The API routes.
+fn route_api(agent: &Agent, head: &Head, body: Vec<u8>) -> Response {
+    match (head.method.as_str(), head.path.as_str()) {
+        ("GET", "/v1/state") => Response::json(200, &agent.state()),
+        ("GET", "/v1/config") => match agent.applied_config() {
+            Ok((text, bundle)) => {
+                let resp = Response::text(200, text);
+                match bundle {
+                    Some(b) => resp.with_header("X-Haptic-Bundle", b),
+                    None => resp,
+                }
+            }
+            Err(e) => Response::error(500, "internal", e),
+        },
+        ("PUT", "/v1/bundle") => put_bundle(agent, head, &body),
+        ("POST", "/v1/reload") => match agent.force_reload() {
+            Ok(r) => Response::json(200, &r),
+            Err(e) => Response::json(e.status, &e.body),
+        },
+        (_, "/v1/state" | "/v1/config" | "/v1/bundle" | "/v1/reload") => Response::error(
+            405,
+            "method_not_allowed",
+            format!("{} is not allowed on {}", head.method, head.path),
+        ),
+        _ => Response::error(
+            404,
+            "not_found",
+            format!("no {} {}", head.method, head.path),
+        ),
+    }
+}
+
+fn put_bundle(agent: &Agent, head: &Head, body: &[u8]) -> Response {
+    let wire: WireBundle = match serde_json::from_slice(body) {
+        Ok(w) => w,
+        Err(e) => return Response::error(400, "bad_bundle", format!("body is not a bundle: {e}")),
+    };
+    let bundle = match Bundle::from_wire(wire) {
+        Ok(b) => b,
+        Err(e) => return Response::error(400, "bad_bundle", e.to_string()),
+    };
+    let epoch = match head
+        .header("x-haptic-epoch")
+        .map(|v| v.trim().parse::<u64>())
+    {
+        None => None,
+        Some(Ok(e)) => Some(e),
+        Some(Err(_)) => {
+            return Response::error(
+                400,
+                "bad_epoch",
+                "X-Haptic-Epoch must be a non-negative integer",
+            )
+        }
+    };
+    let dry_run = head
+        .query_param("dry_run")
+        .is_some_and(|v| matches!(v, "1" | "true" | ""));
+    let req = ApplyRequest {
+        bundle,
+        if_match: head.header("if-match").map(str::to_string),
+        epoch,
+        dry_run,
+    };
+    match agent.apply(req) {
+        Ok(r) => Response::json(200, &r),
+        Err(e) => Response::json(e.status, &e.body),
+    }
+}

@@ -1,0 +1,412 @@
+//! Bundles applied to a real HAProxy 2.6 through the agent: runtime-class changes keep the worker,
+//! reload-class changes replace it without dropping traffic, and failures leave HAProxy and the
+//! disk as they were.
+
+mod support;
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use haptic_agent::protocol::{Bundle, FileKind};
+use support::*;
+
+/// haproxy.cfg with a host-map frontend, backend `be_a` with the given server lines and `be_b`.
+fn config(env: &Env, be_a: &[String], b1: u16, extra: &str) -> String {
+    let servers: String = be_a.iter().map(|s| format!("    {s}\n")).collect();
+    format!(
+        "{}frontend fe\n    bind 127.0.0.1:{}\n    use_backend %[req.hdr(host),lower,map({}/maps/host.map,be_a)]\nbackend be_a\n    balance roundrobin\n{servers}backend be_b\n    server SRV_1 127.0.0.1:{b1} enabled\n{extra}",
+        env.global(),
+        env.fe_port,
+        env.cfg_dir.display()
+    )
+}
+
+fn bundle(cfg: String, map: &str) -> Bundle {
+    Bundle::new(cfg, vec![file(FileKind::Map, "maps/host.map", map)])
+}
+
+#[test]
+fn endpoint_moves_through_slots_are_runtime_and_keep_the_worker() {
+    let env = Env::start(Options::default());
+    let (a1, a2, b1) = (backend("a1"), backend("a2"), backend("b1"));
+    assert_eq!(
+        probe(env.probe_port, "/readyz").unwrap().0,
+        503,
+        "not ready before the first bundle"
+    );
+
+    let v1 = config(
+        &env,
+        &[
+            format!("server SRV_1 127.0.0.1:{a1} enabled weight 10 # Pod: a1"),
+            "server SRV_2 127.0.0.1:1 disabled weight 10".into(),
+        ],
+        b1,
+        "",
+    );
+    env.apply(&bundle(v1, ""), "reload");
+    assert_eq!(http_get(env.fe_port, "a.example").unwrap(), "a1");
+    assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 200);
+    let pid = env.worker_pid();
+
+    // a1 goes away (slot 1 back to its placeholder), a2 arrives in slot 2.
+    let v2 = config(
+        &env,
+        &[
+            "server SRV_1 127.0.0.1:1 disabled weight 10".into(),
+            format!("server SRV_2 127.0.0.1:{a2} enabled weight 10 # Pod: a2"),
+        ],
+        b1,
+        "",
+    );
+    let reply = env.apply(&bundle(v2, ""), "runtime");
+    assert_eq!(
+        reply["commands"],
+        serde_json::json!([
+            "set server be_a/SRV_1 state maint",
+            "set server be_a/SRV_1 addr 127.0.0.1 port 1",
+            format!("set server be_a/SRV_2 addr 127.0.0.1 port {a2}"),
+            "set server be_a/SRV_2 state ready",
+        ])
+    );
+    assert_eq!(reply["worker_pid_before"], reply["worker_pid_after"]);
+    assert_eq!(env.worker_pid(), pid, "a runtime change must not reload");
+    for _ in 0..6 {
+        assert_eq!(http_get(env.fe_port, "a.example").unwrap(), "a2");
+    }
+
+    // Weight only, and a comment change (pod renamed): runtime, then nothing.
+    let v3 = config(
+        &env,
+        &[
+            "server SRV_1 127.0.0.1:1 disabled weight 10".into(),
+            format!("server SRV_2 127.0.0.1:{a2} enabled weight 20 # Pod: a2"),
+        ],
+        b1,
+        "",
+    );
+    env.apply(&bundle(v3, ""), "runtime");
+    assert!(
+        env.runtime("get weight be_a/SRV_2").starts_with("20 "),
+        "weight applied at runtime"
+    );
+    let v4 = config(
+        &env,
+        &[
+            "server SRV_1 127.0.0.1:1 disabled weight 10".into(),
+            format!("server SRV_2 127.0.0.1:{a2} enabled weight 20 # Pod: a2-renamed"),
+        ],
+        b1,
+        "",
+    );
+    env.apply(&bundle(v4.clone(), ""), "no_change");
+    assert_eq!(
+        env.disk("haproxy.cfg").unwrap(),
+        v4,
+        "the new text is on disk even when HAProxy needs nothing"
+    );
+    assert_eq!(env.worker_pid(), pid);
+}
+
+#[test]
+fn map_replace_uses_prepare_and_commit_and_changes_routing() {
+    let env = Env::start(Options {
+        worker_socket: true,
+        ..Options::default()
+    });
+    let (a1, b1) = (backend("a1"), backend("b1"));
+    let cfg = config(
+        &env,
+        &[format!("server SRV_1 127.0.0.1:{a1} enabled")],
+        b1,
+        "",
+    );
+    env.apply(&bundle(cfg.clone(), "b.example be_a\n"), "reload");
+    assert_eq!(http_get(env.fe_port, "b.example").unwrap(), "a1");
+    let pid = env.worker_pid();
+
+    let map = "# routes\nb.example be_b\n\nc.example be_b\n";
+    let reply = env.apply(&bundle(cfg.clone(), map), "runtime");
+    assert!(
+        reply["commands"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("prepare map"),
+        "{reply:#}"
+    );
+    let map_name = format!("{}/maps/host.map", env.cfg_dir.display());
+    let shown = env.runtime(&format!("show map {map_name}"));
+    let entries: Vec<&str> = shown
+        .lines()
+        .filter_map(|l| l.split_once(' ').map(|(_, kv)| kv))
+        .collect();
+    assert_eq!(
+        entries,
+        ["b.example be_b", "c.example be_b"],
+        "show map equals the file"
+    );
+    assert_eq!(env.disk("maps/host.map").unwrap(), map);
+    assert_eq!(http_get(env.fe_port, "b.example").unwrap(), "b1");
+    assert_eq!(http_get(env.fe_port, "c.example").unwrap(), "b1");
+    assert_eq!(env.worker_pid(), pid);
+
+    // Larger than one tune.bufsize: sent in chunks.
+    let big: String = (0..2000)
+        .map(|i| format!("host{i}.example be_b\n"))
+        .collect();
+    let reply = env.apply(&bundle(cfg, &big), "runtime");
+    let adds = reply["commands"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c.as_str().unwrap().starts_with("add map"))
+        .count();
+    assert!(adds > 1, "large map sent in several payloads: {reply:#}");
+    assert_eq!(
+        env.runtime(&format!("show map {map_name}"))
+            .lines()
+            .filter(|l| !l.is_empty())
+            .count(),
+        2000
+    );
+    assert_eq!(http_get(env.fe_port, "host1999.example").unwrap(), "b1");
+    assert_eq!(
+        http_get(env.fe_port, "c.example").unwrap(),
+        "a1",
+        "removed entry falls back to the default"
+    );
+    assert_eq!(env.worker_pid(), pid);
+}
+
+#[test]
+fn certificate_swap_and_crt_list_edits_are_runtime() {
+    let env = Env::start(Options::default());
+    let (a1, b1) = (backend("a1"), backend("b1"));
+    let tls_port = free_port();
+    let dir = env.cfg_dir.display().to_string();
+    let tls = format!("frontend fe_tls\n    bind 127.0.0.1:{tls_port} ssl crt-list {dir}/ssl/list.txt\n    http-request return status 200 content-type text/plain string tls\n");
+    let cfg = config(
+        &env,
+        &[format!("server SRV_1 127.0.0.1:{a1} enabled")],
+        b1,
+        &tls,
+    );
+    let default_pem = server_pem("default-cert");
+    let list = format!("{dir}/ssl/default.pem\n{dir}/ssl/site.pem site.example\n");
+    let make = |site: &str, list: &str, extra: Option<&str>| {
+        let mut files = vec![
+            file(FileKind::Map, "maps/host.map", ""),
+            file(FileKind::Cert, "ssl/default.pem", &default_pem),
+            file(FileKind::Cert, "ssl/site.pem", site),
+            file(FileKind::CrtList, "ssl/list.txt", list),
+        ];
+        if let Some(pem) = extra {
+            files.push(file(FileKind::Cert, "ssl/extra.pem", pem));
+        }
+        Bundle::new(cfg.clone(), files)
+    };
+    env.apply(&make(&server_pem("site-one"), &list, None), "reload");
+    assert!(served_subject(tls_port, "site.example").contains("site-one"));
+    let pid = env.worker_pid();
+
+    env.apply(&make(&server_pem("site-two"), &list, None), "runtime");
+    assert!(
+        served_subject(tls_port, "site.example").contains("site-two"),
+        "new certificate served"
+    );
+    assert_eq!(env.worker_pid(), pid, "no reload for a certificate swap");
+
+    let site = server_pem("site-two");
+    let extra = server_pem("extra-cert");
+    let appended = format!("{list}{dir}/ssl/extra.pem extra.example\n");
+    let reply = env.apply(&make(&site, &appended, Some(&extra)), "runtime");
+    assert!(
+        reply["commands"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("new ssl cert"),
+        "{reply:#}"
+    );
+    assert!(served_subject(tls_port, "extra.example").contains("extra-cert"));
+
+    let reply = env.apply(&make(&site, &list, None), "runtime");
+    assert!(
+        reply["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().starts_with("del ssl cert")),
+        "{reply:#}"
+    );
+    assert!(
+        served_subject(tls_port, "extra.example").contains("default-cert"),
+        "removed entry no longer served"
+    );
+    assert!(
+        env.disk("ssl/extra.pem").is_none(),
+        "stale certificate deleted"
+    );
+    assert_eq!(env.worker_pid(), pid);
+}
+
+#[test]
+fn structural_change_reloads_without_dropping_requests() {
+    let env = Env::start(Options::default());
+    let (a1, b1, c1) = (backend("a1"), backend("b1"), backend("c1"));
+    let servers = [format!("server SRV_1 127.0.0.1:{a1} enabled")];
+    env.apply(&bundle(config(&env, &servers, b1, ""), ""), "reload");
+    let pid = env.worker_pid();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let served = Arc::new(AtomicUsize::new(0));
+    let port = env.fe_port;
+    let looper = {
+        let (stop, served) = (stop.clone(), served.clone());
+        std::thread::spawn(move || {
+            let mut errors = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                match http_get(port, "a.example") {
+                    Ok(body) if body == "a1" => {
+                        served.fetch_add(1, Ordering::SeqCst);
+                    }
+                    other => errors.push(format!("{other:?}")),
+                }
+            }
+            errors
+        })
+    };
+    wait_for("requests before the reload", Duration::from_secs(5), || {
+        (served.load(Ordering::SeqCst) >= 10).then_some(())
+    });
+    let extra = format!("backend be_c\n    server SRV_1 127.0.0.1:{c1} enabled\n");
+    let reply = env.apply(
+        &bundle(config(&env, &servers, b1, &extra), "c.example be_c\n"),
+        "reload",
+    );
+    assert!(
+        reply["reasons"][0]
+            .as_str()
+            .unwrap()
+            .contains("section added: backend be_c"),
+        "{reply:#}"
+    );
+    let new_pid = env.worker_pid();
+    assert_ne!(new_pid, pid, "a reload brings a new worker");
+    assert_eq!(reply["worker_pid_after"], new_pid);
+    let after = served.load(Ordering::SeqCst);
+    wait_for("requests after the reload", Duration::from_secs(5), || {
+        (served.load(Ordering::SeqCst) >= after + 10).then_some(())
+    });
+    stop.store(true, Ordering::SeqCst);
+    let errors = looper.join().unwrap();
+    assert!(
+        errors.is_empty(),
+        "requests failed during the reload: {errors:?}"
+    );
+    assert_eq!(http_get(env.fe_port, "c.example").unwrap(), "c1");
+}
+
+#[test]
+fn invalid_config_is_refused_and_nothing_changes() {
+    let env = Env::start(Options::default());
+    let (a1, b1) = (backend("a1"), backend("b1"));
+    let servers = [format!("server SRV_1 127.0.0.1:{a1} enabled")];
+    let v1 = bundle(config(&env, &servers, b1, ""), "b.example be_b\n");
+    env.apply(&v1, "reload");
+    let pid = env.worker_pid();
+    let cfg_before = env.disk("haproxy.cfg").unwrap();
+
+    let bad_cfg = config(
+        &env,
+        &servers,
+        b1,
+        "backend be_x\n    no_such_keyword here\n",
+    );
+    let bad = Bundle::new(
+        bad_cfg,
+        vec![
+            file(FileKind::Map, "maps/host.map", "x.example be_a\n"),
+            file(FileKind::General, "general/new.http", "HTTP/1.0 200\n"),
+        ],
+    );
+    let (status, body) = env.put(&bad);
+    assert_eq!(status, 422, "{body:#}");
+    assert_eq!(body["error"], "invalid_config");
+    assert!(
+        body["check_output"]
+            .as_str()
+            .unwrap()
+            .contains("no_such_keyword"),
+        "{body:#}"
+    );
+    assert_eq!(env.disk("haproxy.cfg").unwrap(), cfg_before);
+    assert_eq!(env.disk("maps/host.map").unwrap(), "b.example be_b\n");
+    assert!(
+        env.disk("general/new.http").is_none(),
+        "files of a refused bundle are removed"
+    );
+    assert!(env.disk("haproxy.cfg.next").is_none());
+    assert_eq!(env.worker_pid(), pid);
+    let state = env.state();
+    assert_eq!(state["bundle"], v1.hash().as_str());
+    assert_eq!(state["last_apply"]["status"], 422);
+    assert_eq!(http_get(env.fe_port, "b.example").unwrap(), "b1");
+}
+
+#[test]
+fn reload_failure_rolls_back_and_the_old_worker_keeps_serving() {
+    let env = Env::start(Options::default());
+    let (a1, b1) = (backend("a1"), backend("b1"));
+    let servers = [format!("server SRV_1 127.0.0.1:{a1} enabled")];
+    let v1 = bundle(config(&env, &servers, b1, ""), "");
+    env.apply(&v1, "reload");
+    let pid = env.worker_pid();
+    let cfg_before = env.disk("haproxy.cfg").unwrap();
+
+    // `haproxy -c` does not bind, so a port held by someone else (without SO_REUSEPORT) only
+    // fails at reload.
+    let blocker = TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = blocker.local_addr().unwrap().port();
+    let extra = format!(
+        "frontend fe_taken\n    bind 127.0.0.1:{taken}\n    http-request return status 200\n"
+    );
+    let v2 = Bundle::new(
+        config(&env, &servers, b1, &extra),
+        vec![file(FileKind::Map, "maps/host.map", "z.example be_b\n")],
+    );
+    let (status, body) = env.put(&v2);
+    assert_eq!(status, 502, "{body:#}");
+    assert_eq!(body["error"], "reload_failed");
+    assert_eq!(body["rolled_back"], true);
+    assert_eq!(
+        env.disk("haproxy.cfg").unwrap(),
+        cfg_before,
+        "previous configuration restored"
+    );
+    assert_eq!(
+        env.disk("maps/host.map").unwrap(),
+        "",
+        "previous map restored"
+    );
+    assert_eq!(
+        env.worker_pid(),
+        pid,
+        "the old worker is still the current one"
+    );
+    assert_eq!(
+        http_get(env.fe_port, "a.example").unwrap(),
+        "a1",
+        "and still serves"
+    );
+    let state = env.state();
+    assert_eq!(state["bundle"], v1.hash().as_str());
+    assert!(state["haproxy"]["failed_reloads"].as_u64().unwrap() > 0);
+    drop(blocker);
+
+    // The next good bundle reloads normally.
+    env.apply(&v2, "reload");
+    assert_ne!(env.worker_pid(), pid);
+    assert_eq!(http_get(env.fe_port, "z.example").unwrap(), "b1");
+}
