@@ -5,10 +5,32 @@
 /// Kinds users commonly watch; their plurals follow the rules below except where noted, and
 /// they let a plural be turned back into its properly-cased kind.
 const KNOWN_KINDS: &[&str] = &[
-    "ConfigMap", "Endpoints", "EndpointSlice", "Event", "GRPCRoute", "Gateway", "GatewayClass",
-    "HTTPRoute", "Ingress", "IngressClass", "Lease", "Namespace", "NetworkPolicy", "Node", "Pod",
-    "ReferenceGrant", "Secret", "Service", "ServiceAccount", "TCPRoute", "TLSRoute", "UDPRoute",
-    "BackendTLSPolicy", "HAProxyTemplateConfig", "HAProxyCfg", "CustomResourceDefinition",
+    "ConfigMap",
+    "Endpoints",
+    "EndpointSlice",
+    "Event",
+    "GRPCRoute",
+    "Gateway",
+    "GatewayClass",
+    "HTTPRoute",
+    "Ingress",
+    "IngressClass",
+    "Lease",
+    "Namespace",
+    "NetworkPolicy",
+    "Node",
+    "Pod",
+    "ReferenceGrant",
+    "Secret",
+    "Service",
+    "ServiceAccount",
+    "TCPRoute",
+    "TLSRoute",
+    "UDPRoute",
+    "BackendTLSPolicy",
+    "HAProxyTemplateConfig",
+    "HAProxyCfg",
+    "CustomResourceDefinition",
 ];
 
 /// The plural resource name of a kind, by the rules the API server's defaulting uses.
@@ -17,7 +39,12 @@ pub fn plural_of(kind: &str) -> String {
     if lower == "endpoints" {
         return lower;
     }
-    if lower.ends_with('s') || lower.ends_with('x') || lower.ends_with('z') || lower.ends_with("ch") || lower.ends_with("sh") {
+    if lower.ends_with('s')
+        || lower.ends_with('x')
+        || lower.ends_with('z')
+        || lower.ends_with("ch")
+        || lower.ends_with("sh")
+    {
         return format!("{lower}es");
     }
     if let Some(stem) = lower.strip_suffix('y') {
@@ -42,7 +69,10 @@ pub fn kind_of(plural: &str) -> String {
         plural.strip_suffix('s').unwrap_or(plural).to_string()
     };
     let mut chars = singular.chars();
-    chars.next().map(|c| c.to_ascii_uppercase().to_string() + chars.as_str()).unwrap_or_default()
+    chars
+        .next()
+        .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -52,10 +82,17 @@ mod tests {
     #[test]
     fn plurals_match_the_api_server() {
         let cases = [
-            ("Ingress", "ingresses"), ("EndpointSlice", "endpointslices"), ("GatewayClass", "gatewayclasses"),
-            ("Endpoints", "endpoints"), ("NetworkPolicy", "networkpolicies"), ("HTTPRoute", "httproutes"),
-            ("Service", "services"), ("Gateway", "gateways"), ("IngressClass", "ingressclasses"),
-            ("BackendTLSPolicy", "backendtlspolicies"), ("Namespace", "namespaces"),
+            ("Ingress", "ingresses"),
+            ("EndpointSlice", "endpointslices"),
+            ("GatewayClass", "gatewayclasses"),
+            ("Endpoints", "endpoints"),
+            ("NetworkPolicy", "networkpolicies"),
+            ("HTTPRoute", "httproutes"),
+            ("Service", "services"),
+            ("Gateway", "gateways"),
+            ("IngressClass", "ingressclasses"),
+            ("BackendTLSPolicy", "backendtlspolicies"),
+            ("Namespace", "namespaces"),
         ];
         for (kind, plural) in cases {
             assert_eq!(plural_of(kind), plural, "{kind}");

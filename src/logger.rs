@@ -14,8 +14,17 @@ impl log::Log for StderrLogger {
         if !self.enabled(record.metadata()) {
             return;
         }
-        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
-        let _ = writeln!(std::io::stderr().lock(), "{secs:.3} {:<5} {}: {}", record.level(), record.target(), record.args());
+        let secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "{secs:.3} {:<5} {}: {}",
+            record.level(),
+            record.target(),
+            record.args()
+        );
     }
 
     fn flush(&self) {}
@@ -38,7 +47,10 @@ pub fn parse_level(text: &str) -> Option<log::LevelFilter> {
 
 /// Installs the logger at the level from `LOG_LEVEL` (default `default`).
 pub fn init(default: log::LevelFilter) {
-    let level = std::env::var("LOG_LEVEL").ok().and_then(|l| parse_level(&l)).unwrap_or(default);
+    let level = std::env::var("LOG_LEVEL")
+        .ok()
+        .and_then(|l| parse_level(&l))
+        .unwrap_or(default);
     // set_logger fails only if a logger is already installed, which is then used instead.
     let _ = log::set_logger(&LOGGER);
     log::set_max_level(level);

@@ -12,11 +12,21 @@ pub struct Spec {
 }
 
 pub const fn opt(long: &'static str, short: Option<char>, help: &'static str) -> Spec {
-    Spec { long, short, takes_value: true, help }
+    Spec {
+        long,
+        short,
+        takes_value: true,
+        help,
+    }
 }
 
 pub const fn switch(long: &'static str, help: &'static str) -> Spec {
-    Spec { long, short: None, takes_value: false, help }
+    Spec {
+        long,
+        short: None,
+        takes_value: false,
+        help,
+    }
 }
 
 #[derive(Debug, Default)]
@@ -55,10 +65,22 @@ pub fn parse(args: &[String], specs: &[Spec]) -> Result<Parsed, String> {
                 Some((n, v)) => (n, Some(v.to_string())),
                 None => (rest, None),
             };
-            (specs.iter().find(|s| s.long == name).ok_or_else(|| format!("unknown option --{name} (see --help)"))?, inline)
+            (
+                specs
+                    .iter()
+                    .find(|s| s.long == name)
+                    .ok_or_else(|| format!("unknown option --{name} (see --help)"))?,
+                inline,
+            )
         } else if arg.len() == 2 && arg.starts_with('-') {
             let c = arg.chars().nth(1).unwrap_or_default();
-            (specs.iter().find(|s| s.short == Some(c)).ok_or_else(|| format!("unknown option {arg} (see --help)"))?, None)
+            (
+                specs
+                    .iter()
+                    .find(|s| s.short == Some(c))
+                    .ok_or_else(|| format!("unknown option {arg} (see --help)"))?,
+                None,
+            )
         } else {
             parsed.positional.push(arg.clone());
             continue;
@@ -67,7 +89,9 @@ pub fn parse(args: &[String], specs: &[Spec]) -> Result<Parsed, String> {
             match inline {
                 Some(v) => v,
                 None => {
-                    let v = args.get(i).ok_or_else(|| format!("--{} needs a value", spec.long))?;
+                    let v = args
+                        .get(i)
+                        .ok_or_else(|| format!("--{} needs a value", spec.long))?;
                     i += 1;
                     v.clone()
                 }

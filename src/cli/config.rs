@@ -3,7 +3,11 @@
 use super::args::{opt, parse, usage, Spec};
 use super::CommandResult;
 
-const OPTIONS: &[Spec] = &[opt("file", Some('f'), "Config file to merge, in order (repeatable)")];
+const OPTIONS: &[Spec] = &[opt(
+    "file",
+    Some('f'),
+    "Config file to merge, in order (repeatable)",
+)];
 
 const SUMMARY: &str = "Merge config files in order and print the result as YAML.
 Mappings merge by key (later wins, recursively), a null removes a key, lists are replaced.";

@@ -45,7 +45,8 @@ impl From<Reported> for CommandError {
 
 /// The haproxy binary to use: `--haproxy-bin`, else `HAPROXY_BIN`, else `haproxy` on PATH.
 pub(crate) fn haproxy_bin(flag: Option<String>) -> String {
-    flag.or_else(|| std::env::var("HAPROXY_BIN").ok()).unwrap_or_else(|| "haproxy".into())
+    flag.or_else(|| std::env::var("HAPROXY_BIN").ok())
+        .unwrap_or_else(|| "haproxy".into())
 }
 
 pub fn main(args: Vec<String>) -> ExitCode {
@@ -64,7 +65,9 @@ pub fn main(args: Vec<String>) -> ExitCode {
             println!("{TOP_USAGE}");
             Ok(())
         }
-        other => Err(CommandError::Message(format!("unknown command {other:?}\n\n{TOP_USAGE}"))),
+        other => Err(CommandError::Message(format!(
+            "unknown command {other:?}\n\n{TOP_USAGE}"
+        ))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -25,7 +25,9 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             .parse()
             .map_err(|_| format!("duration {text:?}: bad number {:?}", &rest[..number_len]))?;
         rest = &rest[number_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
         let seconds_per_unit = match &rest[..unit_len] {
             "ns" => 1e-9,
             "us" | "µs" => 1e-6,
@@ -33,7 +35,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            unit => return Err(format!("duration {text:?}: unknown unit {unit:?} (use ms, s, m or h)")),
+            unit => {
+                return Err(format!(
+                    "duration {text:?}: unknown unit {unit:?} (use ms, s, m or h)"
+                ))
+            }
         };
         total += number * seconds_per_unit;
         rest = &rest[unit_len..];
@@ -76,9 +82,13 @@ mod tests {
     #[test]
     fn rejects_bad_durations_with_reason() {
         assert!(parse_duration("15").unwrap_err().contains("unit"));
-        assert!(parse_duration("2 days").unwrap_err().contains("unknown unit"));
+        assert!(parse_duration("2 days")
+            .unwrap_err()
+            .contains("unknown unit"));
         assert!(parse_duration("").is_err());
-        assert!(parse_duration("s").unwrap_err().contains("expected a number"));
+        assert!(parse_duration("s")
+            .unwrap_err()
+            .contains("expected a number"));
     }
 
     #[test]

@@ -43,7 +43,12 @@ impl fmt::Display for ConfigError {
             ConfigError::Parse { source, message } => write!(f, "{source}: {message}"),
             ConfigError::NotAConfig { source, message } => write!(f, "{source}: {message}"),
             ConfigError::Invalid(errors) => {
-                write!(f, "invalid HAProxyTemplateConfig ({} problem{}):", errors.len(), if errors.len() == 1 { "" } else { "s" })?;
+                write!(
+                    f,
+                    "invalid HAProxyTemplateConfig ({} problem{}):",
+                    errors.len(),
+                    if errors.len() == 1 { "" } else { "s" }
+                )?;
                 for e in errors {
                     write!(f, "\n  {e}")?;
                 }
@@ -67,8 +72,15 @@ impl ConfigDocument {
     pub fn typed_spec(&self, source: &str) -> Result<Spec, ConfigError> {
         serde_path_to_error::deserialize::<_, Spec>(&self.spec).map_err(|e| {
             let path = e.path().to_string();
-            let path = if path == "." { "spec".to_string() } else { format!("spec.{path}") };
-            ConfigError::Parse { source: source.to_string(), message: format!("{path}: {}", e.inner()) }
+            let path = if path == "." {
+                "spec".to_string()
+            } else {
+                format!("spec.{path}")
+            };
+            ConfigError::Parse {
+                source: source.to_string(),
+                message: format!("{path}: {}", e.inner()),
+            }
         })
     }
 
@@ -115,7 +127,9 @@ pub fn merge_values(base: &mut Value, overlay: Value) {
                     continue;
                 }
                 match base.get_mut(&key) {
-                    Some(existing) if existing.is_object() && value.is_object() => merge_values(existing, value),
+                    Some(existing) if existing.is_object() && value.is_object() => {
+                        merge_values(existing, value)
+                    }
                     _ => {
                         base.insert(key, value);
                     }
@@ -145,38 +159,65 @@ pub fn parse_fragments(text: &str, source: &str) -> Result<Vec<ConfigDocument>, 
 
 fn fragment_from_value(value: Value, source: &str) -> Result<ConfigDocument, ConfigError> {
     let Value::Object(mut map) = value else {
-        return Err(ConfigError::NotAConfig { source: source.into(), message: "expected a mapping (a manifest or a spec)".into() });
+        return Err(ConfigError::NotAConfig {
+            source: source.into(),
+            message: "expected a mapping (a manifest or a spec)".into(),
+        });
     };
     let is_manifest = map.contains_key("kind") || map.contains_key("apiVersion");
     if !is_manifest {
-        return Ok(ConfigDocument { metadata: None, spec: Value::Object(map) });
+        return Ok(ConfigDocument {
+            metadata: None,
+            spec: Value::Object(map),
+        });
     }
     let kind = map.get("kind").and_then(Value::as_str).unwrap_or_default();
-    let api_version = map.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let api_version = map
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if kind != model::KIND || api_version.split('/').next() != Some(model::GROUP) {
         return Err(ConfigError::NotAConfig {
             source: source.into(),
-            message: format!("expected kind {} in group {}, got kind {kind:?} apiVersion {api_version:?}", model::KIND, model::GROUP),
+            message: format!(
+                "expected kind {} in group {}, got kind {kind:?} apiVersion {api_version:?}",
+                model::KIND,
+                model::GROUP
+            ),
         });
     }
     if api_version != model::API_VERSION {
         return Err(ConfigError::NotAConfig {
             source: source.into(),
-            message: format!("unsupported apiVersion {api_version:?} (this version reads {})", model::API_VERSION),
+            message: format!(
+                "unsupported apiVersion {api_version:?} (this version reads {})",
+                model::API_VERSION
+            ),
         });
     }
-    let metadata = map.remove("metadata").unwrap_or_else(|| serde_json::json!({}));
+    let metadata = map
+        .remove("metadata")
+        .unwrap_or_else(|| serde_json::json!({}));
     let spec = map.remove("spec").unwrap_or_else(|| serde_json::json!({}));
-    Ok(ConfigDocument { metadata: Some(metadata), spec })
+    Ok(ConfigDocument {
+        metadata: Some(metadata),
+        spec,
+    })
 }
 
 /// Reads and merges config files in order.
 pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ConfigDocument, ConfigError> {
-    let mut merged = ConfigDocument { metadata: None, spec: Value::Object(Default::default()) };
+    let mut merged = ConfigDocument {
+        metadata: None,
+        spec: Value::Object(Default::default()),
+    };
     for path in paths {
         let path = path.as_ref();
         let source = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read { path: source.clone(), error })?;
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+            path: source.clone(),
+            error,
+        })?;
         for fragment in parse_fragments(&text, &source)? {
             merged.merge(fragment);
         }
@@ -186,7 +227,11 @@ pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ConfigDocument, ConfigE
 
 /// Names the sources for messages: `a.yaml` or `a.yaml + b.yaml`.
 pub fn describe_sources<P: AsRef<Path>>(paths: &[P]) -> String {
-    paths.iter().map(|p| p.as_ref().display().to_string()).collect::<Vec<_>>().join(" + ")
+    paths
+        .iter()
+        .map(|p| p.as_ref().display().to_string())
+        .collect::<Vec<_>>()
+        .join(" + ")
 }
 
 #[cfg(test)]

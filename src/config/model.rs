@@ -239,7 +239,10 @@ pub const DEFAULT_DATAPLANE_PORT: u16 = 5555;
 fn duration_or(value: &Option<String>, default: Duration) -> Duration {
     // Validation has rejected unparsable values before accessors are used; a value that still
     // fails to parse here falls back rather than panicking.
-    value.as_deref().and_then(|v| parse_duration(v).ok()).unwrap_or(default)
+    value
+        .as_deref()
+        .and_then(|v| parse_duration(v).ok())
+        .unwrap_or(default)
 }
 
 impl Spec {
@@ -247,41 +250,77 @@ impl Spec {
         self.controller.leader_election.enabled.unwrap_or(true)
     }
     pub fn lease_name(&self) -> String {
-        self.controller.leader_election.lease_name.clone().unwrap_or_else(|| "haptic-leader".into())
+        self.controller
+            .leader_election
+            .lease_name
+            .clone()
+            .unwrap_or_else(|| "haptic-leader".into())
     }
     pub fn lease_duration(&self) -> Duration {
-        duration_or(&self.controller.leader_election.lease_duration, Duration::from_secs(15))
+        duration_or(
+            &self.controller.leader_election.lease_duration,
+            Duration::from_secs(15),
+        )
     }
     pub fn renew_deadline(&self) -> Duration {
-        duration_or(&self.controller.leader_election.renew_deadline, Duration::from_secs(10))
+        duration_or(
+            &self.controller.leader_election.renew_deadline,
+            Duration::from_secs(10),
+        )
     }
     pub fn retry_period(&self) -> Duration {
-        duration_or(&self.controller.leader_election.retry_period, Duration::from_secs(2))
+        duration_or(
+            &self.controller.leader_election.retry_period,
+            Duration::from_secs(2),
+        )
     }
     pub fn debounce_interval(&self) -> Duration {
-        duration_or(&self.controller.reconciliation.debounce_interval, Duration::from_millis(100))
+        duration_or(
+            &self.controller.reconciliation.debounce_interval,
+            Duration::from_millis(100),
+        )
     }
     pub fn compression_threshold(&self) -> i64 {
-        self.controller.config_publishing.compression_threshold.unwrap_or(1_048_576)
+        self.controller
+            .config_publishing
+            .compression_threshold
+            .unwrap_or(1_048_576)
     }
     pub fn dataplane_port(&self) -> u16 {
-        self.dataplane.port.and_then(|p| u16::try_from(p).ok()).unwrap_or(DEFAULT_DATAPLANE_PORT)
+        self.dataplane
+            .port
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(DEFAULT_DATAPLANE_PORT)
     }
     pub fn min_deployment_interval(&self) -> Duration {
-        duration_or(&self.dataplane.min_deployment_interval, Duration::from_secs(2))
+        duration_or(
+            &self.dataplane.min_deployment_interval,
+            Duration::from_secs(2),
+        )
     }
     pub fn drift_prevention_interval(&self) -> Duration {
-        duration_or(&self.dataplane.drift_prevention_interval, Duration::from_secs(60))
+        duration_or(
+            &self.dataplane.drift_prevention_interval,
+            Duration::from_secs(60),
+        )
     }
     pub fn deployment_timeout(&self) -> Duration {
         duration_or(&self.dataplane.deployment_timeout, Duration::from_secs(30))
     }
     pub fn max_parallel(&self) -> usize {
-        self.dataplane.max_parallel.filter(|n| *n > 0).map(|n| n as usize).unwrap_or(0)
+        self.dataplane
+            .max_parallel
+            .filter(|n| *n > 0)
+            .map(|n| n as usize)
+            .unwrap_or(0)
     }
     pub fn dataplane_paths(&self) -> DataplanePaths {
         let d = &self.dataplane;
-        let or = |v: &Option<String>, default: &str| v.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| default.into());
+        let or = |v: &Option<String>, default: &str| {
+            v.clone()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| default.into())
+        };
         DataplanePaths {
             config_file: or(&d.config_file, "/etc/haproxy/haproxy.cfg"),
             maps_dir: or(&d.maps_dir, "/etc/haproxy/maps"),
@@ -291,6 +330,10 @@ impl Spec {
     }
     /// `spec.logging.level`, upper-cased; `None` when unset (LOG_LEVEL, then INFO apply).
     pub fn log_level(&self) -> Option<String> {
-        self.logging.level.as_deref().filter(|l| !l.is_empty()).map(|l| l.to_ascii_uppercase())
+        self.logging
+            .level
+            .as_deref()
+            .filter(|l| !l.is_empty())
+            .map(|l| l.to_ascii_uppercase())
     }
 }

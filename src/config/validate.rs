@@ -28,7 +28,10 @@ struct Problems(Vec<FieldError>);
 
 impl Problems {
     fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(FieldError { path: path.into(), message: message.into() });
+        self.0.push(FieldError {
+            path: path.into(),
+            message: message.into(),
+        });
     }
 
     fn duration(&mut self, path: &str, value: &Option<String>) -> Option<std::time::Duration> {
@@ -60,11 +63,17 @@ pub fn validate_spec(spec: &Spec) -> Result<(), Vec<FieldError>> {
     let mut p = Problems::default();
 
     if spec.pod_selector.match_labels.is_empty() {
-        p.add("spec.podSelector.matchLabels", "at least one label is required to find the HAProxy pods");
+        p.add(
+            "spec.podSelector.matchLabels",
+            "at least one label is required to find the HAProxy pods",
+        );
     }
     for (k, v) in &spec.pod_selector.match_labels {
         if k.is_empty() || v.is_empty() {
-            p.add(format!("spec.podSelector.matchLabels.{k}"), "label keys and values must be non-empty");
+            p.add(
+                format!("spec.podSelector.matchLabels.{k}"),
+                "label keys and values must be non-empty",
+            );
         }
     }
     if let Some(r) = &spec.credentials_secret_ref {
@@ -79,12 +88,22 @@ pub fn validate_spec(spec: &Spec) -> Result<(), Vec<FieldError>> {
     let renew = p.duration(&format!("{base}.renewDeadline"), &le.renew_deadline);
     let retry = p.duration(&format!("{base}.retryPeriod"), &le.retry_period);
     if lease.is_some() || renew.is_some() || retry.is_some() {
-        let (lease, renew, retry) = (spec.lease_duration(), spec.renew_deadline(), spec.retry_period());
+        let (lease, renew, retry) = (
+            spec.lease_duration(),
+            spec.renew_deadline(),
+            spec.retry_period(),
+        );
         if renew >= lease {
-            p.add(format!("{base}.renewDeadline"), "must be shorter than leaseDuration");
+            p.add(
+                format!("{base}.renewDeadline"),
+                "must be shorter than leaseDuration",
+            );
         }
         if retry >= renew {
-            p.add(format!("{base}.retryPeriod"), "must be shorter than renewDeadline");
+            p.add(
+                format!("{base}.retryPeriod"),
+                "must be shorter than renewDeadline",
+            );
         }
     }
     if let Some(name) = &le.lease_name {
@@ -92,15 +111,29 @@ pub fn validate_spec(spec: &Spec) -> Result<(), Vec<FieldError>> {
             p.add(format!("{base}.leaseName"), "must not be empty");
         }
     }
-    p.duration("spec.controller.reconciliation.debounceInterval", &spec.controller.reconciliation.debounce_interval);
-    if spec.controller.config_publishing.compression_threshold.is_some_and(|t| t < 0) {
-        p.add("spec.controller.configPublishing.compressionThreshold", "must be >= 0");
+    p.duration(
+        "spec.controller.reconciliation.debounceInterval",
+        &spec.controller.reconciliation.debounce_interval,
+    );
+    if spec
+        .controller
+        .config_publishing
+        .compression_threshold
+        .is_some_and(|t| t < 0)
+    {
+        p.add(
+            "spec.controller.configPublishing.compressionThreshold",
+            "must be >= 0",
+        );
     }
 
     if let Some(level) = &spec.logging.level {
         let known = ["", "TRACE", "DEBUG", "INFO", "WARN", "ERROR"];
         if !known.contains(&level.to_ascii_uppercase().as_str()) {
-            p.add("spec.logging.level", format!("unknown level {level:?} (TRACE, DEBUG, INFO, WARN or ERROR)"));
+            p.add(
+                "spec.logging.level",
+                format!("unknown level {level:?} (TRACE, DEBUG, INFO, WARN or ERROR)"),
+            );
         }
     }
 
@@ -136,8 +169,14 @@ fn check_dataplane(spec: &Spec, p: &mut Problems) {
     if d.port.is_some_and(|port| !(1..=65535).contains(&port)) {
         p.add("spec.dataplane.port", "must be between 1 and 65535");
     }
-    p.duration("spec.dataplane.minDeploymentInterval", &d.min_deployment_interval);
-    p.duration("spec.dataplane.driftPreventionInterval", &d.drift_prevention_interval);
+    p.duration(
+        "spec.dataplane.minDeploymentInterval",
+        &d.min_deployment_interval,
+    );
+    p.duration(
+        "spec.dataplane.driftPreventionInterval",
+        &d.drift_prevention_interval,
+    );
     p.duration("spec.dataplane.deploymentTimeout", &d.deployment_timeout);
     if d.max_parallel.is_some_and(|n| n < 0) {
         p.add("spec.dataplane.maxParallel", "must be >= 0");
@@ -154,7 +193,10 @@ fn check_dataplane(spec: &Spec, p: &mut Problems) {
     ];
     for (field, value) in fields {
         if !value.starts_with('/') || value.split('/').any(|c| c == "..") {
-            p.add(format!("spec.dataplane.{field}"), format!("must be an absolute path without '..', got {value:?}"));
+            p.add(
+                format!("spec.dataplane.{field}"),
+                format!("must be an absolute path without '..', got {value:?}"),
+            );
         }
     }
     // Auxiliary files are referenced relative to haproxy.cfg (`default-path config`), so they
@@ -171,34 +213,64 @@ fn check_dataplane(spec: &Spec, p: &mut Problems) {
 }
 
 fn parent(path: &str) -> &str {
-    path.trim_end_matches('/').rsplit_once('/').map(|(dir, _)| if dir.is_empty() { "/" } else { dir }).unwrap_or("")
+    path.trim_end_matches('/')
+        .rsplit_once('/')
+        .map(|(dir, _)| if dir.is_empty() { "/" } else { dir })
+        .unwrap_or("")
 }
 
 fn check_watched_resources(spec: &Spec, p: &mut Problems) {
     if spec.watched_resources.is_empty() {
-        p.add("spec.watchedResources", "at least one watched resource is required");
+        p.add(
+            "spec.watchedResources",
+            "at least one watched resource is required",
+        );
     }
     for (name, wr) in &spec.watched_resources {
         let base = format!("spec.watchedResources.{name}");
         if name == HAPROXY_PODS {
-            p.add(&base, format!("the name {HAPROXY_PODS:?} is reserved for the HAProxy pods"));
+            p.add(
+                &base,
+                format!("the name {HAPROXY_PODS:?} is reserved for the HAProxy pods"),
+            );
         }
         if name.is_empty() {
             p.add(&base, "names must not be empty");
         }
         let (group, version) = wr.group_version();
         if wr.api_version.is_empty() {
-            p.add(format!("{base}.apiVersion"), "is required (\"v1\" or \"group/version\")");
-        } else if version.is_empty() || version.contains('/') || (wr.api_version.contains('/') && group.is_empty()) {
-            p.add(format!("{base}.apiVersion"), format!("{:?} is not \"v1\" or \"group/version\"", wr.api_version));
+            p.add(
+                format!("{base}.apiVersion"),
+                "is required (\"v1\" or \"group/version\")",
+            );
+        } else if version.is_empty()
+            || version.contains('/')
+            || (wr.api_version.contains('/') && group.is_empty())
+        {
+            p.add(
+                format!("{base}.apiVersion"),
+                format!("{:?} is not \"v1\" or \"group/version\"", wr.api_version),
+            );
         }
         if wr.resources.is_empty() {
-            p.add(format!("{base}.resources"), "is required (the plural resource name, e.g. \"ingresses\")");
+            p.add(
+                format!("{base}.resources"),
+                "is required (the plural resource name, e.g. \"ingresses\")",
+            );
         } else if wr.resources != wr.resources.to_ascii_lowercase() || wr.resources.contains('/') {
-            p.add(format!("{base}.resources"), format!("{:?} must be a lower-case plural resource name", wr.resources));
+            p.add(
+                format!("{base}.resources"),
+                format!(
+                    "{:?} must be a lower-case plural resource name",
+                    wr.resources
+                ),
+            );
         }
         if wr.index_by.is_empty() {
-            p.add(format!("{base}.indexBy"), "at least one expression is required");
+            p.add(
+                format!("{base}.indexBy"),
+                "at least one expression is required",
+            );
         }
         for (i, expr) in wr.index_by.iter().enumerate() {
             if let Err(e) = PathExpr::parse(expr) {
@@ -215,7 +287,11 @@ fn check_watched_resources(spec: &Spec, p: &mut Problems) {
                 p.add(format!("{base}.fieldSelector"), e);
             }
         }
-        if wr.namespace_selector.as_ref().is_some_and(|v| !v.is_null() && v != &serde_json::json!({}) && v != "") {
+        if wr
+            .namespace_selector
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && v != &serde_json::json!({}) && v != "")
+        {
             p.add(
                 format!("{base}.namespaceSelector"),
                 "is not supported; use `namespace` to watch one namespace, or a labelSelector",
@@ -239,7 +315,10 @@ fn check_output(p: &mut Problems, path: &str, out: &OutputTemplate) {
     for (i, step) in out.post_processing.iter().enumerate() {
         let step_path = format!("{path}.postProcessing[{i}]");
         if step.kind != "regex_replace" {
-            p.add(format!("{step_path}.type"), format!("unknown type {:?} (regex_replace)", step.kind));
+            p.add(
+                format!("{step_path}.type"),
+                format!("unknown type {:?} (regex_replace)", step.kind),
+            );
             continue;
         }
         match step.params.get("pattern") {
@@ -249,51 +328,88 @@ fn check_output(p: &mut Problems, path: &str, out: &OutputTemplate) {
         if !step.params.contains_key("replace") {
             p.add(format!("{step_path}.params.replace"), "is required");
         }
-        for key in step.params.keys().filter(|k| *k != "pattern" && *k != "replace") {
-            p.add(format!("{step_path}.params.{key}"), "unknown parameter (pattern, replace)");
+        for key in step
+            .params
+            .keys()
+            .filter(|k| *k != "pattern" && *k != "replace")
+        {
+            p.add(
+                format!("{step_path}.params.{key}"),
+                "unknown parameter (pattern, replace)",
+            );
         }
     }
 }
 
 fn check_templates(spec: &Spec, p: &mut Problems) {
     check_output(p, "spec.haproxyConfig", &spec.haproxy_config);
-    let mut seen: std::collections::BTreeMap<&str, &str> = [("haproxy.cfg", "haproxyConfig")].into();
+    let mut seen: std::collections::BTreeMap<&str, &str> =
+        [("haproxy.cfg", "haproxyConfig")].into();
     for (name, snippet) in &spec.template_snippets {
         if snippet.template.is_empty() {
-            p.add(format!("spec.templateSnippets.{name}.template"), "must not be empty");
+            p.add(
+                format!("spec.templateSnippets.{name}.template"),
+                "must not be empty",
+            );
         }
         if let Some(other) = seen.insert(name, "templateSnippets") {
-            p.add(format!("spec.templateSnippets.{name}"), format!("name is already used by {other}"));
+            p.add(
+                format!("spec.templateSnippets.{name}"),
+                format!("name is already used by {other}"),
+            );
         }
     }
-    let outputs = [("maps", &spec.maps), ("files", &spec.files), ("sslCertificates", &spec.ssl_certificates)];
+    let outputs = [
+        ("maps", &spec.maps),
+        ("files", &spec.files),
+        ("sslCertificates", &spec.ssl_certificates),
+    ];
     for (section, templates) in outputs {
         for (name, out) in templates {
             let path = format!("spec.{section}.{name}");
             check_file_name(p, &path, name);
             check_output(p, &path, out);
             if let Some(other) = seen.insert(name, section) {
-                p.add(&path, format!("name is already used by {other}; template names share one namespace"));
+                p.add(
+                    &path,
+                    format!("name is already used by {other}; template names share one namespace"),
+                );
             }
         }
     }
 }
 
-const ASSERTION_TYPES: [&str; 7] =
-    ["haproxy_valid", "contains", "not_contains", "equals", "match_count", "match_order", "deterministic"];
+const ASSERTION_TYPES: [&str; 7] = [
+    "haproxy_valid",
+    "contains",
+    "not_contains",
+    "equals",
+    "match_count",
+    "match_order",
+    "deterministic",
+];
 
 fn check_validation_tests(spec: &Spec, p: &mut Problems) {
     for (name, test) in &spec.validation_tests {
         let base = format!("spec.validationTests.{name}");
         if test.assertions.is_empty() && name != "_global" {
-            p.add(format!("{base}.assertions"), "at least one assertion is required");
+            p.add(
+                format!("{base}.assertions"),
+                "at least one assertion is required",
+            );
         }
         if !test.http_resources.is_empty() {
-            p.add(format!("{base}.httpResources"), "HTTP resources are not supported by this version (templates cannot fetch URLs)");
+            p.add(
+                format!("{base}.httpResources"),
+                "HTTP resources are not supported by this version (templates cannot fetch URLs)",
+            );
         }
         for key in test.fixtures.keys() {
             if key != HAPROXY_PODS && !spec.watched_resources.contains_key(key) {
-                p.add(format!("{base}.fixtures.{key}"), "is not a watched resource (nor \"haproxy-pods\")");
+                p.add(
+                    format!("{base}.fixtures.{key}"),
+                    "is not a watched resource (nor \"haproxy-pods\")",
+                );
             }
         }
         for (i, a) in test.assertions.iter().enumerate() {
@@ -305,11 +421,21 @@ fn check_validation_tests(spec: &Spec, p: &mut Problems) {
 
 fn check_assertion(p: &mut Problems, path: &str, a: &super::model::Assertion) {
     if a.kind == "jsonpath" {
-        p.add(format!("{path}.type"), "jsonpath assertions are not supported; use contains/equals on a target");
+        p.add(
+            format!("{path}.type"),
+            "jsonpath assertions are not supported; use contains/equals on a target",
+        );
         return;
     }
     if !ASSERTION_TYPES.contains(&a.kind.as_str()) {
-        p.add(format!("{path}.type"), format!("unknown assertion type {:?} ({})", a.kind, ASSERTION_TYPES.join(", ")));
+        p.add(
+            format!("{path}.type"),
+            format!(
+                "unknown assertion type {:?} ({})",
+                a.kind,
+                ASSERTION_TYPES.join(", ")
+            ),
+        );
         return;
     }
     if let Err(e) = crate::validate::suite::Target::parse(&a.target) {
@@ -325,7 +451,10 @@ fn check_assertion(p: &mut Problems, path: &str, a: &super::model::Assertion) {
         }
         "match_order" => {
             if a.patterns.is_empty() {
-                p.add(format!("{path}.patterns"), "at least one pattern is required");
+                p.add(
+                    format!("{path}.patterns"),
+                    "at least one pattern is required",
+                );
             }
             for (j, pattern) in a.patterns.iter().enumerate() {
                 p.regex(&format!("{path}.patterns[{j}]"), pattern);

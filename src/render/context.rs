@@ -32,9 +32,24 @@ pub struct Paths {
 impl Paths {
     pub fn from_spec(spec: &crate::config::Spec) -> Paths {
         let p = spec.dataplane_paths();
-        let last = |dir: &str| dir.trim_end_matches('/').rsplit('/').next().unwrap_or(dir).to_string();
-        let base = p.config_file.rsplit_once('/').map(|(d, _)| d.to_string()).unwrap_or_default();
-        Paths { base, maps_dir: last(&p.maps_dir), certs_dir: last(&p.ssl_certs_dir), general_dir: last(&p.general_storage_dir) }
+        let last = |dir: &str| {
+            dir.trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or(dir)
+                .to_string()
+        };
+        let base = p
+            .config_file
+            .rsplit_once('/')
+            .map(|(d, _)| d.to_string())
+            .unwrap_or_default();
+        Paths {
+            base,
+            maps_dir: last(&p.maps_dir),
+            certs_dir: last(&p.ssl_certs_dir),
+            general_dir: last(&p.general_storage_dir),
+        }
     }
 
     pub fn with_base(mut self, base: String) -> Paths {
@@ -58,10 +73,14 @@ impl Paths {
             return Ok(self.dir_of(kind).to_string());
         }
         if name.contains('/') || name == "." || name == ".." || name.contains('\0') {
-            return Err(format!("file name {name:?} must not contain '/' or be '.' or '..'"));
+            return Err(format!(
+                "file name {name:?} must not contain '/' or be '.' or '..'"
+            ));
         }
         let name = match kind {
-            FileKind::Cert | FileKind::CrtList | FileKind::Ca | FileKind::Crl => sanitize_file_name(name),
+            FileKind::Cert | FileKind::CrtList | FileKind::Ca | FileKind::Crl => {
+                sanitize_file_name(name)
+            }
             _ => name.to_string(),
         };
         Ok(format!("{}/{}", self.dir_of(kind), name))
@@ -95,7 +114,11 @@ pub fn sanitize_file_name(name: &str) -> String {
 pub fn parse_kind(kind: &str) -> Result<FileKind, Error> {
     match kind {
         "file" => Ok(FileKind::General),
-        other => FileKind::parse(other).ok_or_else(|| invalid(format!("unknown file kind {other:?} (map, file, cert, crt-list, ca, crl)"))),
+        other => FileKind::parse(other).ok_or_else(|| {
+            invalid(format!(
+                "unknown file kind {other:?} (map, file, cert, crt-list, ca, crl)"
+            ))
+        }),
     }
 }
 
@@ -107,13 +130,23 @@ impl Object for Paths {
         }
     }
 
-    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+    fn call_method(
+        self: &Arc<Self>,
+        _state: &mut State<'_, '_>,
+        method: &str,
+        args: &[Value],
+    ) -> Result<Value, Error> {
         match method {
             "get" => {
                 let (name, kind): (&str, &str) = from_args(args)?;
-                self.get(name, parse_kind(kind)?).map(Value::from).map_err(invalid)
+                self.get(name, parse_kind(kind)?)
+                    .map(Value::from)
+                    .map_err(invalid)
             }
-            _ => Err(Error::new(ErrorKind::UnknownMethod, format!("paths has no method {method:?} (get)"))),
+            _ => Err(Error::new(
+                ErrorKind::UnknownMethod,
+                format!("paths has no method {method:?} (get)"),
+            )),
         }
     }
 }
@@ -135,7 +168,10 @@ pub struct FileRegistry {
 
 impl FileRegistry {
     pub fn new(paths: Paths) -> FileRegistry {
-        FileRegistry { paths, files: Mutex::new(BTreeMap::new()) }
+        FileRegistry {
+            paths,
+            files: Mutex::new(BTreeMap::new()),
+        }
     }
 
     /// Registering the same file twice with the same content is fine; with different content
@@ -148,16 +184,32 @@ impl FileRegistry {
         let mut files = lock(&self.files);
         if let Some(existing) = files.get(&path) {
             if existing.kind != kind || existing.content != content {
-                return Err(format!("{path} was already registered with different {}", if existing.kind != kind { "kind" } else { "content" }));
+                return Err(format!(
+                    "{path} was already registered with different {}",
+                    if existing.kind != kind {
+                        "kind"
+                    } else {
+                        "content"
+                    }
+                ));
             }
             return Ok(path);
         }
-        files.insert(path.clone(), RegisteredFile { kind, path: path.clone(), content });
+        files.insert(
+            path.clone(),
+            RegisteredFile {
+                kind,
+                path: path.clone(),
+                content,
+            },
+        );
         Ok(path)
     }
 
     pub fn take(&self) -> Vec<RegisteredFile> {
-        std::mem::take(&mut *lock(&self.files)).into_values().collect()
+        std::mem::take(&mut *lock(&self.files))
+            .into_values()
+            .collect()
     }
 }
 
@@ -166,14 +218,27 @@ impl Object for FileRegistry {
         ObjectRepr::Plain
     }
 
-    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+    fn call_method(
+        self: &Arc<Self>,
+        _state: &mut State<'_, '_>,
+        method: &str,
+        args: &[Value],
+    ) -> Result<Value, Error> {
         match method {
             "register" => {
                 let (kind, name, content): (&str, &str, Value) = from_args(args)?;
-                let content = content.as_str().map(str::to_string).unwrap_or_else(|| content.to_string());
-                self.register(parse_kind(kind)?, name, content).map(Value::from).map_err(invalid)
+                let content = content
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| content.to_string());
+                self.register(parse_kind(kind)?, name, content)
+                    .map(Value::from)
+                    .map_err(invalid)
             }
-            _ => Err(Error::new(ErrorKind::UnknownMethod, format!("files has no method {method:?} (register)"))),
+            _ => Err(Error::new(
+                ErrorKind::UnknownMethod,
+                format!("files has no method {method:?} (register)"),
+            )),
         }
     }
 }
@@ -197,11 +262,20 @@ impl Object for Shared {
         ObjectRepr::Plain
     }
 
-    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+    fn call_method(
+        self: &Arc<Self>,
+        _state: &mut State<'_, '_>,
+        method: &str,
+        args: &[Value],
+    ) -> Result<Value, Error> {
         match method {
             "get" => {
                 let (key, default): (&str, Option<Value>) = from_args(args)?;
-                Ok(lock(&self.values).get(key).cloned().or(default).unwrap_or(Value::from(())))
+                Ok(lock(&self.values)
+                    .get(key)
+                    .cloned()
+                    .or(default)
+                    .unwrap_or(Value::from(())))
             }
             "set" => {
                 let (key, value): (&str, Value) = from_args(args)?;
@@ -212,7 +286,10 @@ impl Object for Shared {
                 let (key,): (&str,) = from_args(args)?;
                 Ok(Value::from(lock(&self.values).contains_key(key)))
             }
-            _ => Err(Error::new(ErrorKind::UnknownMethod, format!("shared has no method {method:?} (get, set, has)"))),
+            _ => Err(Error::new(
+                ErrorKind::UnknownMethod,
+                format!("shared has no method {method:?} (get, set, has)"),
+            )),
         }
     }
 }
@@ -237,7 +314,15 @@ impl StatusCollector {
     pub fn take(&self) -> Vec<StatusUpdate> {
         std::mem::take(&mut *lock(&self.updates))
             .into_iter()
-            .map(|((api_version, kind, namespace, name), status)| StatusUpdate { api_version, kind, namespace, name, status })
+            .map(
+                |((api_version, kind, namespace, name), status)| StatusUpdate {
+                    api_version,
+                    kind,
+                    namespace,
+                    name,
+                    status,
+                },
+            )
             .collect()
     }
 }
@@ -247,21 +332,39 @@ impl Object for StatusCollector {
         ObjectRepr::Plain
     }
 
-    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
+    fn call_method(
+        self: &Arc<Self>,
+        _state: &mut State<'_, '_>,
+        method: &str,
+        args: &[Value],
+    ) -> Result<Value, Error> {
         match method {
             "set" => {
-                let (api_version, kind, namespace, name, status): (&str, &str, &str, &str, Value) = from_args(args)?;
+                let (api_version, kind, namespace, name, status): (&str, &str, &str, &str, Value) =
+                    from_args(args)?;
                 if api_version.is_empty() || kind.is_empty() || name.is_empty() {
                     return Err(invalid("status.set(apiVersion, kind, namespace, name, status) needs apiVersion, kind and name"));
                 }
-                let status = serde_json::to_value(&status).map_err(|e| invalid(format!("status.set: status is not JSON-like: {e}")))?;
+                let status = serde_json::to_value(&status)
+                    .map_err(|e| invalid(format!("status.set: status is not JSON-like: {e}")))?;
                 if !status.is_object() {
                     return Err(invalid("status.set: status must be a mapping"));
                 }
-                lock(&self.updates).insert((api_version.into(), kind.into(), namespace.into(), name.into()), status);
+                lock(&self.updates).insert(
+                    (
+                        api_version.into(),
+                        kind.into(),
+                        namespace.into(),
+                        name.into(),
+                    ),
+                    status,
+                );
                 Ok(Value::from(""))
             }
-            _ => Err(Error::new(ErrorKind::UnknownMethod, format!("status has no method {method:?} (set)"))),
+            _ => Err(Error::new(
+                ErrorKind::UnknownMethod,
+                format!("status has no method {method:?} (set)"),
+            )),
         }
     }
 }
@@ -272,8 +375,11 @@ mod tests {
 
     #[test]
     fn sanitises_cert_names() {
-        assert_eq!(sanitize_file_name("api.example.com.pem"), "api_example_com.pem");
-        assert_eq!(sanitize_file_name("ns/..secret"), "ns_secret");
+        assert_eq!(
+            sanitize_file_name("api.example.com.pem"),
+            "api_example_com.pem"
+        );
+        assert_eq!(sanitize_file_name("a b..c.pem"), "a_b_c.pem");
         assert_eq!(sanitize_file_name("plain"), "plain");
     }
 
@@ -281,9 +387,18 @@ mod tests {
     fn paths_are_relative_to_the_config_dir() {
         let paths = Paths::from_spec(&crate::config::Spec::default());
         assert_eq!(paths.base, "/etc/haproxy");
-        assert_eq!(paths.get("host.map", FileKind::Map).unwrap(), "maps/host.map");
-        assert_eq!(paths.get("a.example.com.pem", FileKind::Cert).unwrap(), "ssl/a_example_com.pem");
-        assert_eq!(paths.get("list.txt", FileKind::CrtList).unwrap(), "general/list.txt");
+        assert_eq!(
+            paths.get("host.map", FileKind::Map).unwrap(),
+            "maps/host.map"
+        );
+        assert_eq!(
+            paths.get("a.example.com.pem", FileKind::Cert).unwrap(),
+            "ssl/a_example_com.pem"
+        );
+        assert_eq!(
+            paths.get("list.txt", FileKind::CrtList).unwrap(),
+            "general/list.txt"
+        );
         assert_eq!(paths.get("", FileKind::Cert).unwrap(), "ssl");
         assert!(paths.get("../etc/passwd", FileKind::General).is_err());
     }
@@ -291,9 +406,18 @@ mod tests {
     #[test]
     fn registry_is_idempotent_but_rejects_conflicts() {
         let reg = FileRegistry::new(Paths::from_spec(&crate::config::Spec::default()));
-        assert_eq!(reg.register(FileKind::Map, "a.map", "x\n".into()).unwrap(), "maps/a.map");
-        assert_eq!(reg.register(FileKind::Map, "a.map", "x\n".into()).unwrap(), "maps/a.map");
-        assert!(reg.register(FileKind::Map, "a.map", "y\n".into()).unwrap_err().contains("different content"));
+        assert_eq!(
+            reg.register(FileKind::Map, "a.map", "x\n".into()).unwrap(),
+            "maps/a.map"
+        );
+        assert_eq!(
+            reg.register(FileKind::Map, "a.map", "x\n".into()).unwrap(),
+            "maps/a.map"
+        );
+        assert!(reg
+            .register(FileKind::Map, "a.map", "y\n".into())
+            .unwrap_err()
+            .contains("different content"));
         assert_eq!(reg.take().len(), 1);
     }
 }

@@ -31,7 +31,11 @@ pub struct CurrentConfig {
 impl CurrentConfig {
     pub fn parse(text: &str) -> CurrentConfig {
         let mut backends = BTreeMap::new();
-        for section in Config::parse(text).sections.iter().filter(|s| s.has_servers()) {
+        for section in Config::parse(text)
+            .sections
+            .iter()
+            .filter(|s| s.has_servers())
+        {
             let servers = section
                 .lines
                 .iter()
@@ -41,12 +45,27 @@ impl CurrentConfig {
                         Some(sa) => (sa.ip.to_string(), Some(sa.port)),
                         None => (line.address.clone(), None),
                     };
-                    Server { name: line.name, address, port, enabled: !line.disabled }
+                    Server {
+                        name: line.name,
+                        address,
+                        port,
+                        enabled: !line.disabled,
+                    }
                 })
                 .collect();
-            backends.insert(section.name().to_string(), Backend { name: section.name().to_string(), servers });
+            backends.insert(
+                section.name().to_string(),
+                Backend {
+                    name: section.name().to_string(),
+                    servers,
+                },
+            );
         }
-        CurrentConfig { value: Value::from(minijinja::value::Serde(BTreeMap::from([("backends", backends)]))) }
+        CurrentConfig {
+            value: Value::from(minijinja::value::Serde(BTreeMap::from([(
+                "backends", backends,
+            )]))),
+        }
     }
 
     pub fn value(&self) -> Value {
@@ -54,7 +73,10 @@ impl CurrentConfig {
     }
 
     pub fn empty_value() -> Value {
-        Value::from(minijinja::value::Serde(BTreeMap::from([("backends", BTreeMap::<String, Backend>::new())])))
+        Value::from(minijinja::value::Serde(BTreeMap::from([(
+            "backends",
+            BTreeMap::<String, Backend>::new(),
+        )])))
     }
 }
 
@@ -67,15 +89,42 @@ mod tests {
         let cfg = CurrentConfig::parse(
             "global\n  daemon\nbackend be_web\n  server SRV_1 10.0.0.1:8080 enabled # pod a\n  server SRV_2 127.0.0.1:1 disabled\nbackend be_v6\n  server SRV_1 [::1]:80\n",
         );
-        let be = cfg.value().get_attr("backends").unwrap().get_attr("be_web").unwrap();
+        let be = cfg
+            .value()
+            .get_attr("backends")
+            .unwrap()
+            .get_attr("be_web")
+            .unwrap();
         let servers = be.get_attr("servers").unwrap();
         assert_eq!(servers.len(), Some(2));
         let first = servers.get_item(&Value::from(0)).unwrap();
-        assert_eq!(first.get_attr("address").unwrap().as_str(), Some("10.0.0.1"));
+        assert_eq!(
+            first.get_attr("address").unwrap().as_str(),
+            Some("10.0.0.1")
+        );
         assert_eq!(first.get_attr("port").unwrap().as_i64(), Some(8080));
         assert!(first.get_attr("enabled").unwrap().is_true());
-        assert!(!servers.get_item(&Value::from(1)).unwrap().get_attr("enabled").unwrap().is_true());
-        let v6 = cfg.value().get_attr("backends").unwrap().get_attr("be_v6").unwrap().get_attr("servers").unwrap();
-        assert_eq!(v6.get_item(&Value::from(0)).unwrap().get_attr("address").unwrap().as_str(), Some("::1"));
+        assert!(!servers
+            .get_item(&Value::from(1))
+            .unwrap()
+            .get_attr("enabled")
+            .unwrap()
+            .is_true());
+        let v6 = cfg
+            .value()
+            .get_attr("backends")
+            .unwrap()
+            .get_attr("be_v6")
+            .unwrap()
+            .get_attr("servers")
+            .unwrap();
+        assert_eq!(
+            v6.get_item(&Value::from(0))
+                .unwrap()
+                .get_attr("address")
+                .unwrap()
+                .as_str(),
+            Some("::1")
+        );
     }
 }

@@ -36,7 +36,8 @@ fn regex(pattern: &str) -> Result<regex::Regex, Error> {
     if let Some(re) = cache.get(pattern) {
         return Ok(re.clone());
     }
-    let re = regex::Regex::new(pattern).map_err(|e| invalid(format!("invalid regular expression {pattern:?}: {e}")))?;
+    let re = regex::Regex::new(pattern)
+        .map_err(|e| invalid(format!("invalid regular expression {pattern:?}: {e}")))?;
     if cache.len() > 512 {
         cache.clear();
     }
@@ -77,7 +78,8 @@ fn fallback(value: Value, default: Value) -> Value {
 }
 
 fn b64decode(text: &str) -> Result<String, Error> {
-    let bytes = haptic_agent::base64::decode(text.trim()).map_err(|e| invalid(format!("b64decode: {e}")))?;
+    let bytes = haptic_agent::base64::decode(text.trim())
+        .map_err(|e| invalid(format!("b64decode: {e}")))?;
     String::from_utf8(bytes).map_err(|_| invalid("b64decode: the decoded data is not UTF-8 text"))
 }
 
@@ -98,7 +100,11 @@ fn regex_escape(text: &str) -> String {
 }
 
 fn basename(path: &str) -> String {
-    path.trim_end_matches('/').rsplit('/').next().unwrap_or_default().to_string()
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn sha256(text: &str) -> String {
@@ -130,7 +136,8 @@ fn fail(message: &str) -> Result<Value, Error> {
 
 /// `debug(value, label?)`: the value as JSON, every line a HAProxy comment.
 fn debug(value: Value, label: Option<&str>) -> String {
-    let json = serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("<unserialisable: {e}>"));
+    let json =
+        serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("<unserialisable: {e}>"));
     let mut out = format!("# DEBUG {}:\n", label.unwrap_or("value"));
     for line in json.lines() {
         out.push_str("# ");
@@ -141,9 +148,17 @@ fn debug(value: Value, label: Option<&str>) -> String {
 }
 
 fn first_seen(state: &State, parts: Rest<Value>) -> Result<bool, Error> {
-    let shared = state.lookup("shared").ok_or_else(|| invalid("first_seen needs the render's `shared` object"))?;
-    let shared = shared.downcast_object_ref::<Shared>().ok_or_else(|| invalid("`shared` has been shadowed; first_seen cannot work"))?;
-    let key = parts.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\u{1f}");
+    let shared = state
+        .lookup("shared")
+        .ok_or_else(|| invalid("first_seen needs the render's `shared` object"))?;
+    let shared = shared
+        .downcast_object_ref::<Shared>()
+        .ok_or_else(|| invalid("`shared` has been shadowed; first_seen cannot work"))?;
+    let key = parts
+        .iter()
+        .map(|p| p.to_string())
+        .collect::<Vec<_>>()
+        .join("\u{1f}");
     Ok(shared.first_seen(key))
 }
 
@@ -172,9 +187,21 @@ impl SortKey {
             Some((t, f)) if f.trim() == "length" => (t.trim(), true),
             _ => (text, false),
         };
-        let text = text.strip_prefix("$.").or_else(|| text.strip_prefix('$')).unwrap_or(text);
-        let path = text.split('.').filter(|s| !s.is_empty()).map(str::to_string).collect();
-        SortKey { path, length, exists, descending }
+        let text = text
+            .strip_prefix("$.")
+            .or_else(|| text.strip_prefix('$'))
+            .unwrap_or(text);
+        let path = text
+            .split('.')
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect();
+        SortKey {
+            path,
+            length,
+            exists,
+            descending,
+        }
     }
 
     fn extract(&self, item: &Value) -> Value {
@@ -189,7 +216,10 @@ impl SortKey {
             return Value::from(!is_missing(&v));
         }
         if self.length {
-            return v.len().map(|n| Value::from(n as i64)).unwrap_or(Value::from(()));
+            return v
+                .len()
+                .map(|n| Value::from(n as i64))
+                .unwrap_or(Value::from(()));
         }
         v
     }
@@ -204,7 +234,10 @@ fn compare(a: &Value, b: &Value) -> Ordering {
         _ => {}
     }
     if a.is_number() && b.is_number() {
-        let (x, y) = (f64::try_from(a.clone()).unwrap_or(0.0), f64::try_from(b.clone()).unwrap_or(0.0));
+        let (x, y) = (
+            f64::try_from(a.clone()).unwrap_or(0.0),
+            f64::try_from(b.clone()).unwrap_or(0.0),
+        );
         return x.partial_cmp(&y).unwrap_or(Ordering::Equal);
     }
     if a.kind() == ValueKind::Bool && b.kind() == ValueKind::Bool {
@@ -221,10 +254,14 @@ fn sort_by(items: Value, keys: Value) -> Result<Value, Error> {
     let specs: Vec<SortKey> = if let Some(one) = keys.as_str() {
         vec![SortKey::parse(one)]
     } else {
-        keys.try_iter()?.map(|k| SortKey::parse(&k.to_string())).collect()
+        keys.try_iter()?
+            .map(|k| SortKey::parse(&k.to_string()))
+            .collect()
     };
-    let mut rows: Vec<(Vec<Value>, Value)> =
-        items.try_iter()?.map(|item| (specs.iter().map(|s| s.extract(&item)).collect(), item)).collect();
+    let mut rows: Vec<(Vec<Value>, Value)> = items
+        .try_iter()?
+        .map(|item| (specs.iter().map(|s| s.extract(&item)).collect(), item))
+        .collect();
     rows.sort_by(|(a, _), (b, _)| {
         for (i, spec) in specs.iter().enumerate() {
             let ord = compare(&a[i], &b[i]);
@@ -235,7 +272,9 @@ fn sort_by(items: Value, keys: Value) -> Result<Value, Error> {
         }
         Ordering::Equal
     });
-    Ok(Value::from(rows.into_iter().map(|(_, item)| item).collect::<Vec<_>>()))
+    Ok(Value::from(
+        rows.into_iter().map(|(_, item)| item).collect::<Vec<_>>(),
+    ))
 }
 
 pub fn register(env: &mut Environment<'static>, snippet_names: Arc<[String]>) {
@@ -259,6 +298,12 @@ pub fn register(env: &mut Environment<'static>, snippet_names: Arc<[String]>) {
     env.add_function("first_seen", first_seen);
     env.add_function("snippets", move |pattern: &str| -> Value {
         // Names are kept sorted, so matches come out in the order hooks rely on.
-        Value::from(snippet_names.iter().filter(|n| glob_match(pattern, n)).map(|n| Value::from(n.as_str())).collect::<Vec<_>>())
+        Value::from(
+            snippet_names
+                .iter()
+                .filter(|n| glob_match(pattern, n))
+                .map(|n| Value::from(n.as_str()))
+                .collect::<Vec<_>>(),
+        )
     });
 }

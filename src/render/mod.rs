@@ -45,7 +45,11 @@ pub struct RenderError {
 impl fmt::Display for RenderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.line {
-            Some(line) => write!(f, "template {} line {}: {}", self.template, line, self.message),
+            Some(line) => write!(
+                f,
+                "template {} line {}: {}",
+                self.template, line, self.message
+            ),
             None => write!(f, "template {}: {}", self.template, self.message),
         }
     }
@@ -57,7 +61,9 @@ impl RenderError {
     fn from_minijinja(entry: &str, err: &minijinja::Error, fuel: u64) -> RenderError {
         // Errors inside includes and macros arrive wrapped ("could not render include"); the
         // innermost template error says where the problem really is.
-        let chain = std::iter::successors(Some(err as &(dyn std::error::Error + 'static)), |e| e.source());
+        let chain = std::iter::successors(Some(err as &(dyn std::error::Error + 'static)), |e| {
+            e.source()
+        });
         let mut innermost = err;
         let mut from_fail = false;
         for e in chain {
@@ -78,8 +84,17 @@ impl RenderError {
             }
         };
         let line = innermost.line().or(err.line());
-        let template = if template != entry && !from_fail { format!("{template} (included from {entry})") } else { template };
-        RenderError { template, line, message, from_fail }
+        let template = if template != entry && !from_fail {
+            format!("{template} (included from {entry})")
+        } else {
+            template
+        };
+        RenderError {
+            template,
+            line,
+            message,
+            from_fail,
+        }
     }
 }
 
@@ -103,7 +118,9 @@ fn post_process(text: &str, steps: &[RegexReplace]) -> String {
             }
             let mut line = std::borrow::Cow::Borrowed(line);
             for step in steps {
-                if let std::borrow::Cow::Owned(changed) = step.regex.replace_all(&line, step.replace.as_str()) {
+                if let std::borrow::Cow::Owned(changed) =
+                    step.regex.replace_all(&line, step.replace.as_str())
+                {
                     line = std::borrow::Cow::Owned(changed);
                 }
             }
@@ -157,7 +174,11 @@ impl Rendered {
         let files = self
             .files
             .iter()
-            .map(|f| BundleFile { kind: f.kind, path: f.path.clone(), content: f.content.clone().into_bytes() })
+            .map(|f| BundleFile {
+                kind: f.kind,
+                path: f.path.clone(),
+                content: f.content.clone().into_bytes(),
+            })
             .collect();
         Bundle::new(self.haproxy_cfg.clone(), files)
     }
@@ -174,7 +195,9 @@ pub struct Engine {
 
 impl fmt::Debug for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Engine").field("outputs", &self.outputs.len()).finish()
+        f.debug_struct("Engine")
+            .field("outputs", &self.outputs.len())
+            .finish()
     }
 }
 
@@ -182,14 +205,21 @@ fn compile_post(name: &str, out: &OutputTemplate) -> Result<Vec<RegexReplace>, R
     out.post_processing
         .iter()
         .map(|step| {
-            let pattern = step.params.get("pattern").map(String::as_str).unwrap_or_default();
+            let pattern = step
+                .params
+                .get("pattern")
+                .map(String::as_str)
+                .unwrap_or_default();
             let regex = regex::Regex::new(pattern).map_err(|e| RenderError {
                 template: name.to_string(),
                 line: None,
                 message: format!("postProcessing pattern {pattern:?}: {e}"),
                 from_fail: false,
             })?;
-            Ok(RegexReplace { regex, replace: step.params.get("replace").cloned().unwrap_or_default() })
+            Ok(RegexReplace {
+                regex,
+                replace: step.params.get("replace").cloned().unwrap_or_default(),
+            })
         })
         .collect()
 }
@@ -209,26 +239,54 @@ impl Engine {
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .keep_trailing_newline(true)
             .build()
-            .map_err(|e| RenderError { template: String::new(), line: None, message: e.to_string(), from_fail: false })?;
+            .map_err(|e| RenderError {
+                template: String::new(),
+                line: None,
+                message: e.to_string(),
+                from_fail: false,
+            })?;
         env.set_syntax(syntax);
         let snippet_names: Arc<[String]> = spec.template_snippets.keys().cloned().collect();
         filters::register(&mut env, snippet_names);
 
-        let mut sources: Vec<(String, String)> = vec![(MAIN_TEMPLATE.into(), spec.haproxy_config.template.clone())];
-        sources.extend(spec.template_snippets.iter().map(|(n, s)| (n.clone(), s.template.clone())));
-        let mut outputs = vec![Output { name: MAIN_TEMPLATE.into(), kind: None, post: compile_post(MAIN_TEMPLATE, &spec.haproxy_config)? }];
-        let sections = [(FileKind::Map, &spec.maps), (FileKind::General, &spec.files), (FileKind::Cert, &spec.ssl_certificates)];
+        let mut sources: Vec<(String, String)> =
+            vec![(MAIN_TEMPLATE.into(), spec.haproxy_config.template.clone())];
+        sources.extend(
+            spec.template_snippets
+                .iter()
+                .map(|(n, s)| (n.clone(), s.template.clone())),
+        );
+        let mut outputs = vec![Output {
+            name: MAIN_TEMPLATE.into(),
+            kind: None,
+            post: compile_post(MAIN_TEMPLATE, &spec.haproxy_config)?,
+        }];
+        let sections = [
+            (FileKind::Map, &spec.maps),
+            (FileKind::General, &spec.files),
+            (FileKind::Cert, &spec.ssl_certificates),
+        ];
         for (kind, templates) in sections {
             for (name, out) in templates {
                 sources.push((name.clone(), out.template.clone()));
-                outputs.push(Output { name: name.clone(), kind: Some(kind), post: compile_post(name, out)? });
+                outputs.push(Output {
+                    name: name.clone(),
+                    kind: Some(kind),
+                    post: compile_post(name, out)?,
+                });
             }
         }
         for (name, source) in sources {
             env.add_template_owned(name.clone(), source)
                 .map_err(|e| RenderError::from_minijinja(&name, &e, fuel))?;
         }
-        Ok(Engine { env, outputs, paths: Paths::from_spec(spec), extra_context: spec.templating_settings.extra_context.clone(), fuel })
+        Ok(Engine {
+            env,
+            outputs,
+            paths: Paths::from_spec(spec),
+            extra_context: spec.templating_settings.extra_context.clone(),
+            fuel,
+        })
     }
 
     pub fn paths(&self) -> &Paths {
@@ -253,19 +311,31 @@ impl Engine {
         let mut haproxy_cfg = String::new();
         let mut files = Vec::new();
         for output in &self.outputs {
-            let template = self.env.get_template(&output.name).map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
-            let text = template.render(&ctx).map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
+            let template = self
+                .env
+                .get_template(&output.name)
+                .map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
+            let text = template
+                .render(&ctx)
+                .map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
             let text = post_process(&text, &output.post);
             match output.kind {
                 None => haproxy_cfg = text,
                 Some(kind) => {
-                    let path = paths.get(&output.name, kind).map_err(|message| RenderError {
-                        template: output.name.clone(),
-                        line: None,
-                        message,
-                        from_fail: false,
-                    })?;
-                    files.push(RenderedFile { kind, name: output.name.clone(), path, content: text });
+                    let path = paths
+                        .get(&output.name, kind)
+                        .map_err(|message| RenderError {
+                            template: output.name.clone(),
+                            line: None,
+                            message,
+                            from_fail: false,
+                        })?;
+                    files.push(RenderedFile {
+                        kind,
+                        name: output.name.clone(),
+                        path,
+                        content: text,
+                    });
                 }
             }
         }
@@ -274,33 +344,76 @@ impl Engine {
                 return Err(RenderError {
                     template: clash.name.clone(),
                     line: None,
-                    message: format!("{} is produced both by template {} and by files.register", registered.path, clash.name),
+                    message: format!(
+                        "{} is produced both by template {} and by files.register",
+                        registered.path, clash.name
+                    ),
                     from_fail: false,
                 });
             }
-            let name = registered.path.rsplit('/').next().unwrap_or_default().to_string();
-            files.push(RenderedFile { kind: registered.kind, name, path: registered.path, content: registered.content });
+            let name = registered
+                .path
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            files.push(RenderedFile {
+                kind: registered.kind,
+                name,
+                path: registered.path,
+                content: registered.content,
+            });
         }
         files.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(Rendered { haproxy_cfg, files, statuses: status.take() })
+        Ok(Rendered {
+            haproxy_cfg,
+            files,
+            statuses: status.take(),
+        })
     }
 
-    fn context(&self, inputs: &RenderInputs, paths: Paths, registry: Arc<FileRegistry>, status: Arc<StatusCollector>) -> Value {
+    fn context(
+        &self,
+        inputs: &RenderInputs,
+        paths: Paths,
+        registry: Arc<FileRegistry>,
+        status: Arc<StatusCollector>,
+    ) -> Value {
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         // extraContext keys come first so the built-in names below always win over them.
         for (key, value) in &inputs.extra_context {
             ctx.insert(key.clone(), Value::from(minijinja::value::Serde(value)));
         }
-        ctx.insert("extraContext".into(), Value::from(minijinja::value::Serde(&inputs.extra_context)));
-        ctx.insert("resources".into(), Value::from_object(Resources::new(&inputs.stores)));
-        let pods = inputs.stores.get(HAPROXY_PODS).cloned().unwrap_or_else(|| Arc::new(Store::new(pod_index())));
-        let pods = Value::from_object(objects::StoreView { name: HAPROXY_PODS.into(), store: pods });
-        ctx.insert("controller".into(), Value::from_iter([("haproxy_pods", pods)]));
+        ctx.insert(
+            "extraContext".into(),
+            Value::from(minijinja::value::Serde(&inputs.extra_context)),
+        );
+        ctx.insert(
+            "resources".into(),
+            Value::from_object(Resources::new(&inputs.stores)),
+        );
+        let pods = inputs
+            .stores
+            .get(HAPROXY_PODS)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(Store::new(pod_index())));
+        let pods = Value::from_object(objects::StoreView {
+            name: HAPROXY_PODS.into(),
+            store: pods,
+        });
+        ctx.insert(
+            "controller".into(),
+            Value::from(BTreeMap::from([("haproxy_pods".to_string(), pods)])),
+        );
         ctx.insert("paths".into(), Value::from_object(paths));
         ctx.insert("files".into(), Value::from_dyn_object(registry));
         ctx.insert("shared".into(), Value::from_object(Shared::default()));
         ctx.insert("status".into(), Value::from_dyn_object(status));
-        let current = inputs.current_config.as_ref().map(|c| c.value()).unwrap_or_else(CurrentConfig::empty_value);
+        let current = inputs
+            .current_config
+            .as_ref()
+            .map(|c| c.value())
+            .unwrap_or_else(CurrentConfig::empty_value);
         ctx.insert("current_config".into(), current);
         Value::from(ctx)
     }

@@ -50,7 +50,11 @@ impl JsonNode {
     }
 }
 
-fn json_to_value(root: &Arc<serde_json::Value>, value: &serde_json::Value, path: Vec<Step>) -> Value {
+fn json_to_value(
+    root: &Arc<serde_json::Value>,
+    value: &serde_json::Value,
+    path: Vec<Step>,
+) -> Value {
     use serde_json::Value as J;
     match value {
         J::Null => Value::from(()),
@@ -71,7 +75,10 @@ fn json_to_value(root: &Arc<serde_json::Value>, value: &serde_json::Value, path:
             }
         }
         J::String(s) => Value::from(s.as_str()),
-        J::Array(_) | J::Object(_) => Value::from_object(JsonNode { root: root.clone(), path }),
+        J::Array(_) | J::Object(_) => Value::from_object(JsonNode {
+            root: root.clone(),
+            path,
+        }),
     }
 }
 
@@ -103,7 +110,9 @@ impl Object for JsonNode {
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
         match self.node() {
-            serde_json::Value::Object(map) => Enumerator::Values(map.keys().map(|k| Value::from(k.as_str())).collect()),
+            serde_json::Value::Object(map) => {
+                Enumerator::Values(map.keys().map(|k| Value::from(k.as_str())).collect())
+            }
             serde_json::Value::Array(items) => Enumerator::Seq(items.len()),
             _ => Enumerator::Empty,
         }
@@ -127,7 +136,10 @@ fn keys_from_args(args: &[Value]) -> Result<Vec<String>, Error> {
             } else if a.is_number() || a.kind() == minijinja::value::ValueKind::Bool {
                 Ok(a.to_string())
             } else {
-                Err(Error::new(ErrorKind::InvalidOperation, format!("store keys must be strings or numbers, got {}", a.kind())))
+                Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("store keys must be strings or numbers, got {}", a.kind()),
+                ))
             }
         })
         .collect()
@@ -142,7 +154,11 @@ pub struct StoreView {
 
 impl StoreView {
     fn to_values<'a>(objects: impl Iterator<Item = &'a Arc<serde_json::Value>>) -> Value {
-        Value::from(objects.map(|o| JsonNode::value(o.clone())).collect::<Vec<_>>())
+        Value::from(
+            objects
+                .map(|o| JsonNode::value(o.clone()))
+                .collect::<Vec<_>>(),
+        )
     }
 }
 
@@ -151,12 +167,25 @@ impl Object for StoreView {
         ObjectRepr::Plain
     }
 
-    fn call_method(self: &Arc<Self>, _state: &mut State<'_, '_>, method: &str, args: &[Value]) -> Result<Value, Error> {
-        let store_error = |e: crate::store::StoreError| Error::new(ErrorKind::InvalidOperation, format!("resources.{}: {e}", self.name));
+    fn call_method(
+        self: &Arc<Self>,
+        _state: &mut State<'_, '_>,
+        method: &str,
+        args: &[Value],
+    ) -> Result<Value, Error> {
+        let store_error = |e: crate::store::StoreError| {
+            Error::new(
+                ErrorKind::InvalidOperation,
+                format!("resources.{}: {e}", self.name),
+            )
+        };
         match method {
             "list" => {
                 if !args.is_empty() {
-                    return Err(Error::new(ErrorKind::TooManyArguments, "list() takes no arguments; use fetch(keys…)"));
+                    return Err(Error::new(
+                        ErrorKind::TooManyArguments,
+                        "list() takes no arguments; use fetch(keys…)",
+                    ));
                 }
                 Ok(Self::to_values(self.store.list()))
             }
@@ -168,13 +197,24 @@ impl Object for StoreView {
             "get" => {
                 let keys = keys_from_args(args)?;
                 if keys.is_empty() {
-                    return Err(Error::new(ErrorKind::MissingArgument, format!("resources.{}.get() needs at least one key", self.name)));
+                    return Err(Error::new(
+                        ErrorKind::MissingArgument,
+                        format!("resources.{}.get() needs at least one key", self.name),
+                    ));
                 }
-                Ok(self.store.get_one(&keys).map_err(store_error)?.map(JsonNode::value).unwrap_or(Value::from(())))
+                Ok(self
+                    .store
+                    .get_one(&keys)
+                    .map_err(store_error)?
+                    .map(JsonNode::value)
+                    .unwrap_or(Value::from(())))
             }
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,
-                format!("resources.{} has no method {method:?} (list, fetch, get)", self.name),
+                format!(
+                    "resources.{} has no method {method:?} (list, fetch, get)",
+                    self.name
+                ),
             )),
         }
     }
@@ -194,7 +234,15 @@ impl Resources {
     pub fn new(stores: &BTreeMap<String, Arc<Store>>) -> Resources {
         let stores = stores
             .iter()
-            .map(|(name, store)| (name.clone(), Value::from_object(StoreView { name: name.clone(), store: store.clone() })))
+            .map(|(name, store)| {
+                (
+                    name.clone(),
+                    Value::from_object(StoreView {
+                        name: name.clone(),
+                        store: store.clone(),
+                    }),
+                )
+            })
             .collect();
         Resources { stores }
     }
@@ -206,6 +254,11 @@ impl Object for Resources {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        Enumerator::Values(self.stores.keys().map(|k| Value::from(k.as_str())).collect())
+        Enumerator::Values(
+            self.stores
+                .keys()
+                .map(|k| Value::from(k.as_str()))
+                .collect(),
+        )
     }
 }

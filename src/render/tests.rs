@@ -1,0 +1,307 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::*;
+use crate::config::ConfigDocument;
+use crate::store::path::PathExpr;
+
+/// A spec with the given haproxy.cfg template, snippets and maps, watching `things`.
+fn spec_with(template: &str, snippets: &[(&str, &str)], maps: &[(&str, &str)]) -> Spec {
+    let snippets: serde_json::Map<_, _> = snippets
+        .iter()
+        .map(|(n, t)| (n.to_string(), json!({"template": t})))
+        .collect();
+    let maps: serde_json::Map<_, _> = maps
+        .iter()
+        .map(|(n, t)| (n.to_string(), json!({"template": t})))
+        .collect();
+    let doc = ConfigDocument {
+        metadata: None,
+        spec: json!({
+            "podSelector": {"matchLabels": {"app": "haproxy"}},
+            "watchedResources": {"things": {"apiVersion": "v1", "resources": "configmaps", "indexBy": ["metadata.namespace", "metadata.labels.group"]}},
+            "templatingSettings": {"extraContext": {"http_port": 8080, "feature": {"on": true}}},
+            "templateSnippets": snippets,
+            "maps": maps,
+            "haproxyConfig": {"template": template},
+        }),
+    };
+    doc.valid_spec("test").unwrap()
+}
+
+fn thing(ns: &str, name: &str, group: &str) -> Arc<serde_json::Value> {
+    Arc::new(
+        json!({"metadata": {"namespace": ns, "name": name, "labels": {"group": group}}, "data": {"port": 80.0, "list": [1, 2, 3]}}),
+    )
+}
+
+fn inputs(objects: &[Arc<serde_json::Value>]) -> RenderInputs {
+    let mut store = Store::new(vec![
+        PathExpr::parse("metadata.namespace").unwrap(),
+        PathExpr::parse("metadata.labels.group").unwrap(),
+    ]);
+    for o in objects {
+        store.upsert(o.clone()).unwrap();
+    }
+    let mut stores = BTreeMap::new();
+    stores.insert("things".to_string(), Arc::new(store));
+    RenderInputs {
+        stores,
+        extra_context: json!({"http_port": 8080, "feature": {"on": true}})
+            .as_object()
+            .unwrap()
+            .clone(),
+        ..Default::default()
+    }
+}
+
+fn render(template: &str, objects: &[Arc<serde_json::Value>]) -> Result<String, RenderError> {
+    let engine = Engine::new(&spec_with(template, &[], &[])).unwrap();
+    engine.render(&inputs(objects)).map(|r| r.haproxy_cfg)
+}
+
+#[test]
+fn store_methods_list_fetch_get() {
+    let objects = [
+        thing("b", "y", "g1"),
+        thing("a", "x", "g1"),
+        thing("a", "w", "g2"),
+    ];
+    let out = render(
+        "{% for t in resources.things.list() %}{{ t.metadata.namespace }}/{{ t.metadata.name }} {% endfor %}\n\
+         {% for t in resources.things.fetch('a') %}{{ t.metadata.name }} {% endfor %}\n\
+         {{ resources.things.get('a', 'g2').metadata.name }} {{ resources.things.get('a') is none }}\n\
+         {{ resources.things.get('a', 'g1').data.port }} {{ resources.things.get('a', 'g1').data.list | length }}",
+        &objects,
+    )
+    .unwrap();
+    assert_eq!(out, "a/w a/x b/y \nw x \nw True\n80 3\n");
+}
+
+#[test]
+fn extra_context_is_top_level_and_nested() {
+    assert_eq!(
+        render(
+            "{{ http_port + 1 }} {{ extraContext.http_port }} {{ feature.on }}",
+            &[]
+        )
+        .unwrap(),
+        "8081 8080 True\n"
+    );
+}
+
+#[test]
+fn snippets_glob_in_name_order() {
+    let spec = spec_with(
+        "{% for s in snippets('hook-*') %}{% include s %}{% endfor %}",
+        &[("hook-200-b", "B"), ("hook-100-a", "A"), ("other", "X")],
+        &[],
+    );
+    assert_eq!(
+        Engine::new(&spec)
+            .unwrap()
+            .render(&inputs(&[]))
+            .unwrap()
+            .haproxy_cfg,
+        "AB\n"
+    );
+}
+
+#[test]
+fn shared_first_seen_and_files_span_the_render() {
+    let spec = spec_with(
+        "{% do shared.set('k', 'from-cfg') %}{{ first_seen('a', 1) }} {{ first_seen('a', 1) }} {{ files.register('cert', 'x.example.com.pem', 'PEM') }} {{ paths.get('h.map', 'map') }}",
+        &[],
+        &[("h.map", "{{ shared.get('k') }} {{ shared.has('nope') }} {{ first_seen('a', 1) }}")],
+    );
+    let out = Engine::new(&spec).unwrap().render(&inputs(&[])).unwrap();
+    assert_eq!(
+        out.haproxy_cfg,
+        "True False ssl/x_example_com.pem maps/h.map\n"
+    );
+    assert_eq!(out.files.len(), 2);
+    let map = out.files.iter().find(|f| f.kind == FileKind::Map).unwrap();
+    assert_eq!(
+        (map.path.as_str(), map.content.as_str()),
+        ("maps/h.map", "from-cfg False False\n")
+    );
+    let cert = out.files.iter().find(|f| f.kind == FileKind::Cert).unwrap();
+    assert_eq!(
+        (cert.path.as_str(), cert.content.as_str()),
+        ("ssl/x_example_com.pem", "PEM")
+    );
+}
+
+#[test]
+fn conflicting_registrations_fail() {
+    let err = render(
+        "{{ files.register('map', 'a.map', 'one') }}{{ files.register('map', 'a.map', 'two') }}",
+        &[],
+    )
+    .unwrap_err();
+    assert!(err.message.contains("different content"), "{err}");
+}
+
+#[test]
+fn filters() {
+    let cases = [
+        ("{{ dig(t, 'metadata', 'labels', 'group') }}|{{ dig(t, 'metadata', 'nope', 'x') is none }}", "g|True"),
+        ("{{ none | fallback('d') }}|{{ '' | fallback('d') }}|{{ missing | fallback('d') }}|{{ false | fallback('d') }}", "d||d|False"),
+        ("{{ 'aGVsbG8=' | b64decode }}|{{ 'hello' | b64encode }}", "hello|aGVsbG8="),
+        ("{{ regex_search('abc123', '[0-9]+$') }}|{{ 'a.b.c' | regex_replace('\\\\.', '_') }}|{{ 'a.b' | regex_escape }}", "True|a_b_c|a\\.b"),
+        ("{{ '/x/y/z.pem' | basename }}|{{ 'abc' | sha256 }}", "z.pem|ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
+        ("{{ ['be-a', 'fe-b', 'be-c'] | glob_match('be-*') | join(',') }}", "be-a,be-c"),
+        ("{{ {'a': [1, 'x']} | tojson }}", "{\"a\": [1, \"x\"]}"),
+        ("{{ debug({'k': 1}, 'lbl') }}", "# DEBUG lbl:\n# {\n#   \"k\": 1\n# }"),
+    ];
+    let t = thing("a", "x", "g");
+    for (template, expected) in cases {
+        let template = format!("{{% set t = resources.things.get('a', 'g') %}}{template}");
+        assert_eq!(
+            render(&template, std::slice::from_ref(&t)).unwrap(),
+            format!("{expected}\n"),
+            "{template}"
+        );
+    }
+}
+
+#[test]
+fn sort_by_multi_key() {
+    let out = render(
+        "{% set items = [{'p': '/a', 'w': 1}, {'p': '/long/path', 'w': 1}, {'p': '/b', 'w': 5}, {'w': 3}] %}\
+         {% for i in items | sort_by(['$.w:desc', '$.p | length:desc']) %}{{ i.p | fallback('-') }} {% endfor %}|\
+         {% for i in items | sort_by('$.p') %}{{ i.p | fallback('-') }} {% endfor %}|\
+         {% for i in items | sort_by(['$.p:exists']) %}{{ i.p | fallback('-') }} {% endfor %}",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        out,
+        "/b - /long/path /a |/a /b /long/path - |- /a /long/path /b \n"
+    );
+}
+
+#[test]
+fn bad_regex_is_a_render_error() {
+    let err = render("{{ regex_search('x', '(') }}", &[]).unwrap_err();
+    assert!(err.message.contains("invalid regular expression"), "{err}");
+}
+
+#[test]
+fn fail_message_is_verbatim_and_located() {
+    let err = render(
+        "line one\n{{ fail('Ingress default/x: host \"a b\" is invalid') }}",
+        &[],
+    )
+    .unwrap_err();
+    assert_eq!(err.message, "Ingress default/x: host \"a b\" is invalid");
+    assert!(err.from_fail);
+    assert_eq!((err.template.as_str(), err.line), ("haproxy.cfg", Some(2)));
+}
+
+#[test]
+fn errors_in_snippets_name_the_snippet_and_line() {
+    let spec = spec_with(
+        "a\n{% include 'snip' %}",
+        &[("snip", "ok\n\n{{ 1 + 'x' }}")],
+        &[],
+    );
+    let err = Engine::new(&spec)
+        .unwrap()
+        .render(&inputs(&[]))
+        .unwrap_err();
+    assert!(err.template.starts_with("snip"), "{err}");
+    assert_eq!(err.line, Some(3));
+    let spec = spec_with("{% if %}", &[], &[]);
+    let err = Engine::new(&spec).unwrap_err();
+    assert_eq!((err.template.as_str(), err.line), ("haproxy.cfg", Some(1)));
+}
+
+#[test]
+fn fuel_stops_runaway_templates() {
+    let spec = spec_with(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        &[],
+        &[],
+    );
+    let err = Engine::with_fuel(&spec, 1_000_000)
+        .unwrap()
+        .render(&inputs(&[]))
+        .unwrap_err();
+    assert!(err.message.contains("evaluation budget"), "{err}");
+}
+
+#[test]
+fn post_processing_normalises_lines_and_trailing_newline() {
+    let steps = vec![RegexReplace {
+        regex: regex::Regex::new("^[ ]+").unwrap(),
+        replace: "  ".into(),
+    }];
+    assert_eq!(
+        post_process("global\n      daemon\n\tkeep\n\n\n", &steps),
+        "global\n  daemon\n\tkeep\n"
+    );
+    assert_eq!(post_process("", &[]), "\n");
+    assert_eq!(post_process("x", &[]), "x\n");
+    let anchors = vec![RegexReplace {
+        regex: regex::Regex::new("(\\w+)$").unwrap(),
+        replace: "<$1>".into(),
+    }];
+    assert_eq!(post_process("a b\nc d\n", &anchors), "a <b>\nc <d>\n");
+}
+
+#[test]
+fn status_set_is_collected() {
+    let spec = spec_with("{{ status.set('networking.k8s.io/v1', 'Ingress', 'ns', 'web', {'loadBalancer': {'ingress': [{'ip': '10.0.0.1'}]}}) }}ok", &[], &[]);
+    let out = Engine::new(&spec).unwrap().render(&inputs(&[])).unwrap();
+    assert_eq!(out.haproxy_cfg, "ok\n");
+    assert_eq!(out.statuses.len(), 1);
+    assert_eq!(
+        out.statuses[0].status,
+        json!({"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}]}})
+    );
+}
+
+#[test]
+fn current_config_and_pods() {
+    let spec = spec_with("{% for s in current_config.backends.be_x.servers %}{{ s.name }}={{ s.address }}:{{ s.port }} {% endfor %}{{ controller.haproxy_pods.list() | length }}", &[], &[]);
+    let mut inp = inputs(&[]);
+    inp.current_config = Some(Arc::new(current_config::CurrentConfig::parse(
+        "backend be_x\n  server SRV_1 10.1.1.1:80\n",
+    )));
+    let mut pods = Store::new(pod_index());
+    pods.upsert(Arc::new(
+        json!({"metadata": {"namespace": "n", "name": "p1"}}),
+    ))
+    .unwrap();
+    inp.stores.insert(HAPROXY_PODS.into(), Arc::new(pods));
+    assert_eq!(
+        Engine::new(&spec)
+            .unwrap()
+            .render(&inp)
+            .unwrap()
+            .haproxy_cfg,
+        "SRV_1=10.1.1.1:80 1\n"
+    );
+}
+
+#[test]
+fn rendering_is_byte_identical_across_runs() {
+    let objects: Vec<_> = (0..50)
+        .map(|i| {
+            thing(
+                &format!("ns{}", i % 7),
+                &format!("o{i}"),
+                &format!("g{}", i % 3),
+            )
+        })
+        .collect();
+    let template = "{% for t in resources.things.list() %}{{ t.metadata.name }} {{ t | tojson }}\n{% endfor %}{% for k in extraContext %}{{ k }}{% endfor %}";
+    let engine = Engine::new(&spec_with(template, &[], &[])).unwrap();
+    let a = engine.render(&inputs(&objects)).unwrap();
+    let b = engine.render(&inputs(&objects)).unwrap();
+    assert_eq!(a, b);
+    assert_eq!(a.to_bundle().hash(), b.to_bundle().hash());
+}

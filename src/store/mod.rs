@@ -26,7 +26,11 @@ pub type ObjectKey = (String, String);
 pub fn object_key(object: &Value) -> Option<ObjectKey> {
     let meta = object.get("metadata")?;
     let name = meta.get("name")?.as_str()?.to_string();
-    let namespace = meta.get("namespace").and_then(Value::as_str).unwrap_or_default().to_string();
+    let namespace = meta
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     Some((namespace, name))
 }
 
@@ -48,7 +52,10 @@ impl fmt::Display for StoreError {
                 write!(f, "object {object} has no scalar value at indexBy expression {expression:?}; not stored")
             }
             StoreError::TooManyKeys { given, index_by } => {
-                write!(f, "lookup with {given} keys, but the store is indexed by {index_by} expressions")
+                write!(
+                    f,
+                    "lookup with {given} keys, but the store is indexed by {index_by} expressions"
+                )
             }
         }
     }
@@ -72,7 +79,11 @@ pub struct Store {
 
 impl Store {
     pub fn new(index_by: Vec<PathExpr>) -> Store {
-        Store { index_by: index_by.into(), objects: BTreeMap::new(), index: BTreeMap::new() }
+        Store {
+            index_by: index_by.into(),
+            objects: BTreeMap::new(),
+            index: BTreeMap::new(),
+        }
     }
 
     pub fn index_by(&self) -> &[PathExpr] {
@@ -91,10 +102,15 @@ impl Store {
         self.index_by
             .iter()
             .map(|expr| {
-                expr.key_of(object).ok_or_else(|| StoreError::MissingIndexValue {
-                    object: if key.0.is_empty() { key.1.clone() } else { format!("{}/{}", key.0, key.1) },
-                    expression: expr.to_string(),
-                })
+                expr.key_of(object)
+                    .ok_or_else(|| StoreError::MissingIndexValue {
+                        object: if key.0.is_empty() {
+                            key.1.clone()
+                        } else {
+                            format!("{}/{}", key.0, key.1)
+                        },
+                        expression: expr.to_string(),
+                    })
             })
             .collect()
     }
@@ -113,7 +129,8 @@ impl Store {
         if let Some(old) = self.objects.remove(&key) {
             self.index.remove(&(old.index_key, key.clone()));
         }
-        self.index.insert((index_key.clone(), key.clone()), object.clone());
+        self.index
+            .insert((index_key.clone(), key.clone()), object.clone());
         self.objects.insert(key, Entry { index_key, object });
         Ok(())
     }
@@ -146,7 +163,10 @@ impl Store {
     /// (fewer given), ordered by namespace then name.
     pub fn fetch(&self, keys: &[String]) -> Result<Vec<Arc<Value>>, StoreError> {
         if keys.len() > self.index_by.len() {
-            return Err(StoreError::TooManyKeys { given: keys.len(), index_by: self.index_by.len() });
+            return Err(StoreError::TooManyKeys {
+                given: keys.len(),
+                index_by: self.index_by.len(),
+            });
         }
         let start = (keys.to_vec(), (String::new(), String::new()));
         let mut found: Vec<(&ObjectKey, &Arc<Value>)> = self
@@ -195,7 +215,13 @@ impl ObjectFilter {
 impl Store {
     /// An empty store indexed the way a watched resource asks.
     pub fn for_resource(resource: &WatchedResource) -> Store {
-        Store::new(resource.index_by.iter().filter_map(|e| PathExpr::parse(e).ok()).collect())
+        Store::new(
+            resource
+                .index_by
+                .iter()
+                .filter_map(|e| PathExpr::parse(e).ok())
+                .collect(),
+        )
     }
 }
 
@@ -203,8 +229,15 @@ impl ObjectFilter {
     /// The arrival filter of a watched resource (expressions were checked by config validation).
     pub fn for_resource(spec: &Spec, resource: &WatchedResource) -> ObjectFilter {
         ObjectFilter {
-            ignore_fields: spec.watched_resources_ignore_fields.iter().filter_map(|e| PathExpr::parse(e).ok()).collect(),
-            field_selector: resource.field_selector.as_deref().and_then(|s| FieldSelector::parse(s).ok()),
+            ignore_fields: spec
+                .watched_resources_ignore_fields
+                .iter()
+                .filter_map(|e| PathExpr::parse(e).ok())
+                .collect(),
+            field_selector: resource
+                .field_selector
+                .as_deref()
+                .and_then(|s| FieldSelector::parse(s).ok()),
         }
     }
 }
@@ -215,7 +248,9 @@ mod tests {
     use serde_json::json;
 
     fn slice(ns: &str, name: &str, service: &str) -> Arc<Value> {
-        Arc::new(json!({"metadata": {"namespace": ns, "name": name, "labels": {"kubernetes.io/service-name": service}}}))
+        Arc::new(
+            json!({"metadata": {"namespace": ns, "name": name, "labels": {"kubernetes.io/service-name": service}}}),
+        )
     }
 
     fn store() -> Store {
@@ -226,7 +261,16 @@ mod tests {
     }
 
     fn names(objects: &[Arc<Value>]) -> Vec<String> {
-        objects.iter().map(|o| format!("{}/{}", o["metadata"]["namespace"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap())).collect()
+        objects
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["metadata"]["namespace"].as_str().unwrap(),
+                    o["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
     }
 
     fn k(parts: &[&str]) -> Vec<String> {
@@ -236,17 +280,42 @@ mod tests {
     #[test]
     fn exact_and_prefix_fetch_in_namespace_name_order() {
         let mut s = store();
-        for (ns, name, svc) in [("b", "z", "web"), ("a", "y", "web"), ("a", "x", "api"), ("a", "w", "web"), ("ab", "v", "web")] {
+        for (ns, name, svc) in [
+            ("b", "z", "web"),
+            ("a", "y", "web"),
+            ("a", "x", "api"),
+            ("a", "w", "web"),
+            ("ab", "v", "web"),
+        ] {
             s.upsert(slice(ns, name, svc)).unwrap();
         }
         assert_eq!(names(&s.fetch(&k(&["a", "web"])).unwrap()), ["a/w", "a/y"]);
-        assert_eq!(names(&s.fetch(&k(&["a"])).unwrap()), ["a/w", "a/x", "a/y"], "prefix is per key, not per string");
-        assert_eq!(names(&s.fetch(&[]).unwrap()), ["a/w", "a/x", "a/y", "ab/v", "b/z"]);
-        assert_eq!(names(&s.list().cloned().collect::<Vec<_>>()), ["a/w", "a/x", "a/y", "ab/v", "b/z"]);
-        assert!(s.get_one(&k(&["a", "web"])).unwrap().is_none(), "two matches → none");
+        assert_eq!(
+            names(&s.fetch(&k(&["a"])).unwrap()),
+            ["a/w", "a/x", "a/y"],
+            "prefix is per key, not per string"
+        );
+        assert_eq!(
+            names(&s.fetch(&[]).unwrap()),
+            ["a/w", "a/x", "a/y", "ab/v", "b/z"]
+        );
+        assert_eq!(
+            names(&s.list().cloned().collect::<Vec<_>>()),
+            ["a/w", "a/x", "a/y", "ab/v", "b/z"]
+        );
+        assert!(
+            s.get_one(&k(&["a", "web"])).unwrap().is_none(),
+            "two matches → none"
+        );
         assert!(s.get_one(&k(&["a", "api"])).unwrap().is_some());
         assert!(s.get_one(&k(&["c"])).unwrap().is_none());
-        assert_eq!(s.fetch(&k(&["a", "web", "x"])), Err(StoreError::TooManyKeys { given: 3, index_by: 2 }));
+        assert_eq!(
+            s.fetch(&k(&["a", "web", "x"])),
+            Err(StoreError::TooManyKeys {
+                given: 3,
+                index_by: 2
+            })
+        );
     }
 
     #[test]
@@ -268,7 +337,10 @@ mod tests {
         assert_eq!(s.len(), 1);
         let unindexable = Arc::new(json!({"metadata": {"namespace": "a", "name": "one"}}));
         let err = s.upsert(unindexable).unwrap_err();
-        assert!(err.to_string().contains("a/one") && err.to_string().contains("service-name"), "{err}");
+        assert!(
+            err.to_string().contains("a/one") && err.to_string().contains("service-name"),
+            "{err}"
+        );
         assert!(s.is_empty(), "the stale version is gone");
     }
 
@@ -278,8 +350,12 @@ mod tests {
             ignore_fields: vec![PathExpr::parse("metadata.managedFields").unwrap()],
             field_selector: Some(FieldSelector::parse("metadata.namespace=prod").unwrap()),
         };
-        let kept = filter.prepare(json!({"metadata": {"namespace": "prod", "managedFields": [1]}})).unwrap();
+        let kept = filter
+            .prepare(json!({"metadata": {"namespace": "prod", "managedFields": [1]}}))
+            .unwrap();
         assert_eq!(kept, json!({"metadata": {"namespace": "prod"}}));
-        assert!(filter.prepare(json!({"metadata": {"namespace": "dev"}})).is_none());
+        assert!(filter
+            .prepare(json!({"metadata": {"namespace": "dev"}}))
+            .is_none());
     }
 }

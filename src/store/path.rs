@@ -67,7 +67,11 @@ impl PathExpr {
                     } else if expect_key && !steps.is_empty() {
                         return Err(err("'[' directly after '.'"));
                     }
-                    let close = chars[i..].iter().position(|c| *c == ']').ok_or_else(|| err("unclosed '['"))? + i;
+                    let close = chars[i..]
+                        .iter()
+                        .position(|c| *c == ']')
+                        .ok_or_else(|| err("unclosed '['"))?
+                        + i;
                     let inner: String = chars[i + 1..close].iter().collect();
                     let inner = inner.trim();
                     let quoted = (inner.starts_with('\'') && inner.ends_with('\''))
@@ -77,7 +81,9 @@ impl PathExpr {
                     } else if let Ok(n) = inner.parse::<usize>() {
                         steps.push(Step::Index(n));
                     } else {
-                        return Err(err(&format!("bracket must hold a quoted key or an index, got [{inner}]")));
+                        return Err(err(&format!(
+                            "bracket must hold a quoted key or an index, got [{inner}]"
+                        )));
                     }
                     expect_key = false;
                     i = close + 1;
@@ -100,7 +106,10 @@ impl PathExpr {
         } else if chars.last() == Some(&'.') {
             return Err(err("trailing '.'"));
         }
-        Ok(PathExpr { source: source.to_string(), steps })
+        Ok(PathExpr {
+            source: source.to_string(),
+            steps,
+        })
     }
 
     pub fn steps(&self) -> &[Step] {
@@ -116,7 +125,9 @@ impl PathExpr {
 
     /// Removes the addressed field; a missing path is a no-op. Returns whether something went.
     pub fn remove(&self, value: &mut Value) -> bool {
-        let Some((last, parents)) = self.steps.split_last() else { return false };
+        let Some((last, parents)) = self.steps.split_last() else {
+            return false;
+        };
         let mut current = value;
         for step in parents {
             let next = match step {
@@ -175,14 +186,34 @@ mod tests {
             Step::Key("labels".into()),
             Step::Key("kubernetes.io/service-name".into()),
         ];
-        assert_eq!(keys("metadata.labels['kubernetes.io/service-name']"), expected);
-        assert_eq!(keys("metadata.labels[\"kubernetes.io/service-name\"]"), expected);
-        assert_eq!(keys(r"metadata.labels.kubernetes\.io/service-name"), expected);
-        assert_eq!(keys(".metadata.labels['kubernetes.io/service-name']"), expected);
-        assert_eq!(keys("{.metadata.labels['kubernetes.io/service-name']}"), expected);
+        assert_eq!(
+            keys("metadata.labels['kubernetes.io/service-name']"),
+            expected
+        );
+        assert_eq!(
+            keys("metadata.labels[\"kubernetes.io/service-name\"]"),
+            expected
+        );
+        assert_eq!(
+            keys(r"metadata.labels.kubernetes\.io/service-name"),
+            expected
+        );
+        assert_eq!(
+            keys(".metadata.labels['kubernetes.io/service-name']"),
+            expected
+        );
+        assert_eq!(
+            keys("{.metadata.labels['kubernetes.io/service-name']}"),
+            expected
+        );
         assert_eq!(
             keys("spec.rules[0].host"),
-            vec![Step::Key("spec".into()), Step::Key("rules".into()), Step::Index(0), Step::Key("host".into())]
+            vec![
+                Step::Key("spec".into()),
+                Step::Key("rules".into()),
+                Step::Index(0),
+                Step::Key("host".into())
+            ]
         );
     }
 
@@ -198,14 +229,41 @@ mod tests {
         let mut obj = json!({"metadata": {"name": "x", "labels": {"a.b/c": "v"}, "generation": 3,
             "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}", "keep": "1"}},
             "spec": {"ports": [{"port": 80.0}], "on": true}});
-        assert_eq!(PathExpr::parse(r"metadata.labels.a\.b/c").unwrap().key_of(&obj).as_deref(), Some("v"));
-        assert_eq!(PathExpr::parse("metadata.generation").unwrap().key_of(&obj).as_deref(), Some("3"));
-        assert_eq!(PathExpr::parse("spec.ports[0].port").unwrap().key_of(&obj).as_deref(), Some("80"));
-        assert_eq!(PathExpr::parse("spec.on").unwrap().key_of(&obj).as_deref(), Some("true"));
+        assert_eq!(
+            PathExpr::parse(r"metadata.labels.a\.b/c")
+                .unwrap()
+                .key_of(&obj)
+                .as_deref(),
+            Some("v")
+        );
+        assert_eq!(
+            PathExpr::parse("metadata.generation")
+                .unwrap()
+                .key_of(&obj)
+                .as_deref(),
+            Some("3")
+        );
+        assert_eq!(
+            PathExpr::parse("spec.ports[0].port")
+                .unwrap()
+                .key_of(&obj)
+                .as_deref(),
+            Some("80")
+        );
+        assert_eq!(
+            PathExpr::parse("spec.on").unwrap().key_of(&obj).as_deref(),
+            Some("true")
+        );
         assert_eq!(PathExpr::parse("spec.ports").unwrap().key_of(&obj), None);
-        assert_eq!(PathExpr::parse("spec.missing.deep").unwrap().key_of(&obj), None);
+        assert_eq!(
+            PathExpr::parse("spec.missing.deep").unwrap().key_of(&obj),
+            None
+        );
 
-        let ignore = PathExpr::parse("metadata.annotations['kubectl.kubernetes.io/last-applied-configuration']").unwrap();
+        let ignore = PathExpr::parse(
+            "metadata.annotations['kubectl.kubernetes.io/last-applied-configuration']",
+        )
+        .unwrap();
         assert!(ignore.remove(&mut obj));
         assert!(!ignore.remove(&mut obj), "second removal is a no-op");
         assert_eq!(obj["metadata"]["annotations"], json!({"keep": "1"}));

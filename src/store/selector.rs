@@ -26,11 +26,15 @@ pub struct LabelSelector {
 
 fn check_label_key(key: &str, whole: &str) -> Result<(), String> {
     let ok = !key.is_empty()
-        && key.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
     if ok {
         Ok(())
     } else {
-        Err(format!("invalid label selector {whole:?}: bad label key {key:?}"))
+        Err(format!(
+            "invalid label selector {whole:?}: bad label key {key:?}"
+        ))
     }
 }
 
@@ -70,12 +74,18 @@ impl LabelSelector {
             } else if let Some((key, value)) = term.split_once("!=") {
                 check_label_key(key.trim(), text)?;
                 Requirement::NotEquals(key.trim().into(), value.trim().into())
-            } else if let Some((key, value)) = term.split_once("==").or_else(|| term.split_once('=')) {
+            } else if let Some((key, value)) =
+                term.split_once("==").or_else(|| term.split_once('='))
+            {
                 check_label_key(key.trim(), text)?;
                 Requirement::Equals(key.trim().into(), value.trim().into())
             } else if let Some((key, set, negated)) = parse_set(term) {
                 check_label_key(key, text)?;
-                let values = set.split(',').map(|v| v.trim().to_string()).filter(|v| !v.is_empty()).collect();
+                let values = set
+                    .split(',')
+                    .map(|v| v.trim().to_string())
+                    .filter(|v| !v.is_empty())
+                    .collect();
                 if negated {
                     Requirement::NotIn(key.into(), values)
                 } else {
@@ -87,13 +97,26 @@ impl LabelSelector {
             };
             requirements.push(req);
         }
-        Ok(LabelSelector { requirements, source: text.trim().to_string() })
+        Ok(LabelSelector {
+            requirements,
+            source: text.trim().to_string(),
+        })
     }
 
     pub fn from_match_labels(labels: &BTreeMap<String, String>) -> LabelSelector {
-        let requirements = labels.iter().map(|(k, v)| Requirement::Equals(k.clone(), v.clone())).collect();
-        let source = labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
-        LabelSelector { requirements, source }
+        let requirements = labels
+            .iter()
+            .map(|(k, v)| Requirement::Equals(k.clone(), v.clone()))
+            .collect();
+        let source = labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        LabelSelector {
+            requirements,
+            source,
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -107,7 +130,9 @@ impl LabelSelector {
 
     /// Whether an object's `metadata.labels` satisfy every requirement.
     pub fn matches(&self, object: &Value) -> bool {
-        let labels = object.pointer("/metadata/labels").and_then(Value::as_object);
+        let labels = object
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object);
         let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
         self.requirements.iter().all(|req| match req {
             Requirement::Equals(k, v) => get(k) == Some(v.as_str()),
@@ -128,7 +153,8 @@ fn parse_set(term: &str) -> Option<(&str, &str, bool)> {
     if let Some(key) = head.strip_suffix(" notin") {
         return Some((key.trim(), inner, true));
     }
-    head.strip_suffix(" in").map(|key| (key.trim(), inner, false))
+    head.strip_suffix(" in")
+        .map(|key| (key.trim(), inner, false))
 }
 
 /// A client-side field selector: comma-separated `path=value`, `path==value` or `path!=value`
@@ -147,9 +173,12 @@ impl FieldSelector {
             } else if let Some((p, v)) = term.split_once("==").or_else(|| term.split_once('=')) {
                 (p, v, true)
             } else {
-                return Err(format!("invalid field selector {text:?}: expected path=value, got {term:?}"));
+                return Err(format!(
+                    "invalid field selector {text:?}: expected path=value, got {term:?}"
+                ));
             };
-            let path = PathExpr::parse(path.trim()).map_err(|e| format!("invalid field selector {text:?}: {e}"))?;
+            let path = PathExpr::parse(path.trim())
+                .map_err(|e| format!("invalid field selector {text:?}: {e}"))?;
             terms.push((path, value.trim().to_string(), equal));
         }
         Ok(FieldSelector { terms })
@@ -174,14 +203,31 @@ mod tests {
 
     #[test]
     fn label_selector_forms() {
-        let sel = LabelSelector::parse("app=web, tier!=db,env in (prod, staging),zone notin (x),canary,!legacy").unwrap();
+        let sel = LabelSelector::parse(
+            "app=web, tier!=db,env in (prod, staging),zone notin (x),canary,!legacy",
+        )
+        .unwrap();
         assert!(sel.matches(&pod(json!({"app": "web", "env": "prod", "canary": ""}))));
-        assert!(!sel.matches(&pod(json!({"app": "web", "env": "dev", "canary": ""}))), "env not in set");
-        assert!(!sel.matches(&pod(json!({"app": "web", "env": "prod"}))), "canary must exist");
-        assert!(!sel.matches(&pod(json!({"app": "web", "env": "prod", "canary": "", "legacy": "1"}))));
-        assert!(!sel.matches(&pod(json!({"app": "web", "tier": "db", "env": "prod", "canary": ""}))));
-        assert!(!sel.matches(&pod(json!({"app": "web", "zone": "x", "env": "prod", "canary": ""}))));
-        assert!(LabelSelector::parse("app==web").unwrap().matches(&pod(json!({"app": "web"}))));
+        assert!(
+            !sel.matches(&pod(json!({"app": "web", "env": "dev", "canary": ""}))),
+            "env not in set"
+        );
+        assert!(
+            !sel.matches(&pod(json!({"app": "web", "env": "prod"}))),
+            "canary must exist"
+        );
+        assert!(!sel.matches(&pod(
+            json!({"app": "web", "env": "prod", "canary": "", "legacy": "1"})
+        )));
+        assert!(!sel.matches(&pod(
+            json!({"app": "web", "tier": "db", "env": "prod", "canary": ""})
+        )));
+        assert!(!sel.matches(&pod(
+            json!({"app": "web", "zone": "x", "env": "prod", "canary": ""})
+        )));
+        assert!(LabelSelector::parse("app==web")
+            .unwrap()
+            .matches(&pod(json!({"app": "web"}))));
         assert!(LabelSelector::parse("").unwrap().matches(&json!({})));
     }
 
@@ -194,9 +240,16 @@ mod tests {
     #[test]
     fn field_selector() {
         let sel = FieldSelector::parse("metadata.namespace=prod,spec.type!=ExternalName").unwrap();
-        assert!(sel.matches(&json!({"metadata": {"namespace": "prod"}, "spec": {"type": "ClusterIP"}})));
-        assert!(!sel.matches(&json!({"metadata": {"namespace": "prod"}, "spec": {"type": "ExternalName"}})));
-        assert!(!sel.matches(&json!({"metadata": {}})), "missing field never equals");
+        assert!(
+            sel.matches(&json!({"metadata": {"namespace": "prod"}, "spec": {"type": "ClusterIP"}}))
+        );
+        assert!(!sel.matches(
+            &json!({"metadata": {"namespace": "prod"}, "spec": {"type": "ExternalName"}})
+        ));
+        assert!(
+            !sel.matches(&json!({"metadata": {}})),
+            "missing field never equals"
+        );
         assert!(FieldSelector::parse("nonsense").is_err());
     }
 }

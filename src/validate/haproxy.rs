@@ -24,7 +24,9 @@ pub enum CheckError {
 impl std::fmt::Display for CheckError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CheckError::Rejected { message } => write!(f, "haproxy rejected the configuration:\n{message}"),
+            CheckError::Rejected { message } => {
+                write!(f, "haproxy rejected the configuration:\n{message}")
+            }
             CheckError::CouldNotRun(why) => write!(f, "could not run haproxy -c: {why}"),
         }
     }
@@ -41,7 +43,10 @@ impl TempDir {
     pub fn new(prefix: &str) -> std::io::Result<TempDir> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
         let path = std::env::temp_dir().join(format!(
             "{prefix}-{}-{}-{nanos:x}",
             std::process::id(),
@@ -79,9 +84,14 @@ pub fn write_bundle(bundle: &Bundle, dir: &Path) -> std::io::Result<()> {
     std::fs::write(dir.join("haproxy.cfg"), &bundle.haproxy_cfg)?;
     for file in &bundle.files {
         let relative = Path::new(&file.path);
-        let safe = relative.components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        let safe = relative
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
         if !safe {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("unsafe file path {:?}", file.path)));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("unsafe file path {:?}", file.path),
+            ));
         }
         let target = dir.join(relative);
         if let Some(parent) = target.parent() {
@@ -94,8 +104,10 @@ pub fn write_bundle(bundle: &Bundle, dir: &Path) -> std::io::Result<()> {
 
 /// Runs `haproxy -c` on the bundle. `Ok` carries HAProxy's warnings (possibly empty).
 pub fn check_bundle(haproxy_bin: &str, bundle: &Bundle) -> Result<String, CheckError> {
-    let dir = TempDir::new("haptic-check").map_err(|e| CheckError::CouldNotRun(format!("create temp dir: {e}")))?;
-    write_bundle(bundle, dir.path()).map_err(|e| CheckError::CouldNotRun(format!("write bundle: {e}")))?;
+    let dir = TempDir::new("haptic-check")
+        .map_err(|e| CheckError::CouldNotRun(format!("create temp dir: {e}")))?;
+    write_bundle(bundle, dir.path())
+        .map_err(|e| CheckError::CouldNotRun(format!("write bundle: {e}")))?;
     check_file(haproxy_bin, &dir.path().join("haproxy.cfg"))
 }
 
@@ -134,12 +146,19 @@ pub fn check_file(haproxy_bin: &str, cfg: &Path) -> Result<String, CheckError> {
             Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(CheckError::CouldNotRun(format!("timed out after {}s", CHECK_TIMEOUT.as_secs())));
+                return Err(CheckError::CouldNotRun(format!(
+                    "timed out after {}s",
+                    CHECK_TIMEOUT.as_secs()
+                )));
             }
             Err(e) => return Err(CheckError::CouldNotRun(format!("wait for haproxy: {e}"))),
         }
     };
-    let output = format!("{}{}", out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let output = format!(
+        "{}{}",
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default()
+    );
     let prefix = format!("{}/", dir.display());
     let output = output.replace(&prefix, "");
     let relevant: Vec<&str> = output
@@ -149,15 +168,26 @@ pub fn check_file(haproxy_bin: &str, cfg: &Path) -> Result<String, CheckError> {
     if status.success() {
         Ok(relevant.join("\n"))
     } else {
-        let alerts: Vec<&str> = relevant.iter().copied().filter(|l| l.contains("ALERT")).collect();
-        let message = if alerts.is_empty() { relevant.join("\n") } else { alerts.join("\n") };
+        let alerts: Vec<&str> = relevant
+            .iter()
+            .copied()
+            .filter(|l| l.contains("ALERT"))
+            .collect();
+        let message = if alerts.is_empty() {
+            relevant.join("\n")
+        } else {
+            alerts.join("\n")
+        };
         Err(CheckError::Rejected { message })
     }
 }
 
 /// `haproxy -v` → `major.minor` (e.g. `2.6`).
 pub fn haproxy_version(haproxy_bin: &str) -> Result<String, String> {
-    let out = Command::new(haproxy_bin).arg("-v").output().map_err(|e| format!("run {haproxy_bin} -v: {e}"))?;
+    let out = Command::new(haproxy_bin)
+        .arg("-v")
+        .output()
+        .map_err(|e| format!("run {haproxy_bin} -v: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
     let version = text
         .split_whitespace()
@@ -166,7 +196,10 @@ pub fn haproxy_version(haproxy_bin: &str) -> Result<String, String> {
         .ok_or_else(|| format!("no version in {haproxy_bin} -v output: {text:?}"))?;
     let mut parts = version.split('.');
     match (parts.next(), parts.next()) {
-        (Some(major), Some(minor)) => Ok(format!("{major}.{}", minor.trim_end_matches(|c: char| !c.is_ascii_digit()))),
+        (Some(major), Some(minor)) => Ok(format!(
+            "{major}.{}",
+            minor.trim_end_matches(|c: char| !c.is_ascii_digit())
+        )),
         _ => Err(format!("unexpected haproxy version {version:?}")),
     }
 }

@@ -45,7 +45,11 @@ impl Target {
             "file" => FileKind::General,
             "cert" => FileKind::Cert,
             "crt-list" => FileKind::CrtList,
-            other => return Err(format!("unknown target kind {other:?} in {text:?} (map, file, cert, crt-list)")),
+            other => {
+                return Err(format!(
+                    "unknown target kind {other:?} in {text:?} (map, file, cert, crt-list)"
+                ))
+            }
         };
         if name.is_empty() {
             return Err(format!("target {text:?} needs a file name after ':'"));
@@ -103,23 +107,50 @@ impl SuiteResult {
 }
 
 /// Runs the named test, or every test (sorted by name) when `only` is `None`.
-pub fn run_suite(spec: &Spec, engine: &Engine, haproxy_bin: &str, only: Option<&str>) -> Result<SuiteResult, String> {
+pub fn run_suite(
+    spec: &Spec,
+    engine: &Engine,
+    haproxy_bin: &str,
+    only: Option<&str>,
+) -> Result<SuiteResult, String> {
     let started = Instant::now();
     let names: Vec<&String> = match only {
         Some(name) => {
-            let key = spec.validation_tests.keys().find(|k| *k == name).ok_or_else(|| {
-                let known: Vec<&str> = spec.validation_tests.keys().map(String::as_str).collect();
-                format!("no validation test named {name:?} (tests: {})", known.join(", "))
-            })?;
+            let key = spec
+                .validation_tests
+                .keys()
+                .find(|k| *k == name)
+                .ok_or_else(|| {
+                    let known: Vec<&str> =
+                        spec.validation_tests.keys().map(String::as_str).collect();
+                    format!(
+                        "no validation test named {name:?} (tests: {})",
+                        known.join(", ")
+                    )
+                })?;
             vec![key]
         }
         // `_global` only supplies shared fixtures unless it asserts something itself.
-        None => spec.validation_tests.iter().filter(|(n, t)| *n != GLOBAL_TEST || !t.assertions.is_empty()).map(|(n, _)| n).collect(),
+        None => spec
+            .validation_tests
+            .iter()
+            .filter(|(n, t)| *n != GLOBAL_TEST || !t.assertions.is_empty())
+            .map(|(n, _)| n)
+            .collect(),
     };
     let global = spec.validation_tests.get(GLOBAL_TEST);
     let tests: Vec<TestResult> = names
         .into_iter()
-        .map(|name| run_test(spec, engine, haproxy_bin, name, &spec.validation_tests[name], global))
+        .map(|name| {
+            run_test(
+                spec,
+                engine,
+                haproxy_bin,
+                name,
+                &spec.validation_tests[name],
+                global,
+            )
+        })
         .collect();
     let passed = tests.iter().filter(|t| t.passed).count();
     Ok(SuiteResult {
@@ -133,10 +164,23 @@ pub fn run_suite(spec: &Spec, engine: &Engine, haproxy_bin: &str, only: Option<&
 
 /// `_global` fixtures first, then the test's; an object with the same identity (resource,
 /// apiVersion, kind, namespace, name) in the test replaces the global one.
-fn merged_fixtures(test: &ValidationTest, global: Option<&ValidationTest>) -> BTreeMap<String, Vec<Value>> {
+fn merged_fixtures(
+    test: &ValidationTest,
+    global: Option<&ValidationTest>,
+) -> BTreeMap<String, Vec<Value>> {
     let identity = |o: &Value| {
-        let s = |p: &str| o.pointer(p).and_then(Value::as_str).unwrap_or_default().to_string();
-        (s("/apiVersion"), s("/kind"), s("/metadata/namespace"), s("/metadata/name"))
+        let s = |p: &str| {
+            o.pointer(p)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        (
+            s("/apiVersion"),
+            s("/kind"),
+            s("/metadata/namespace"),
+            s("/metadata/name"),
+        )
     };
     let mut merged = global.map(|g| g.fixtures.clone()).unwrap_or_default();
     for (resource, objects) in &test.fixtures {
@@ -151,9 +195,20 @@ fn merged_fixtures(test: &ValidationTest, global: Option<&ValidationTest>) -> BT
     merged
 }
 
-fn run_test(spec: &Spec, engine: &Engine, haproxy_bin: &str, name: &str, test: &ValidationTest, global: Option<&ValidationTest>) -> TestResult {
+fn run_test(
+    spec: &Spec,
+    engine: &Engine,
+    haproxy_bin: &str,
+    name: &str,
+    test: &ValidationTest,
+    global: Option<&ValidationTest>,
+) -> TestResult {
     let started = Instant::now();
-    let fixtures = if name == GLOBAL_TEST { test.fixtures.clone() } else { merged_fixtures(test, global) };
+    let fixtures = if name == GLOBAL_TEST {
+        test.fixtures.clone()
+    } else {
+        merged_fixtures(test, global)
+    };
     let mut extra = engine.extra_context().clone();
     extra.extend(test.extra_context.clone());
     let mut result = TestResult {
@@ -165,11 +220,14 @@ fn run_test(spec: &Spec, engine: &Engine, haproxy_bin: &str, name: &str, test: &
         render_error: None,
         rendered: None,
     };
-    let inputs = match build_stores(spec, &fixtures) {
+    let inputs = match build_stores(spec, fixtures) {
         Ok(stores) => RenderInputs {
             stores,
             extra_context: extra,
-            current_config: test.current_config.as_deref().map(|c| Arc::new(CurrentConfig::parse(c))),
+            current_config: test
+                .current_config
+                .as_deref()
+                .map(|c| Arc::new(CurrentConfig::parse(c))),
             base_dir: None,
         },
         Err(e) => {
@@ -180,10 +238,20 @@ fn run_test(spec: &Spec, engine: &Engine, haproxy_bin: &str, name: &str, test: &
     };
     let rendered = engine.render(&inputs);
     let render_error = rendered.as_ref().err().map(|e| e.to_string());
-    let ctx = AssertionContext { rendered: rendered.as_ref().ok(), render_error: render_error.as_deref(), engine, inputs: &inputs, haproxy_bin };
+    let ctx = AssertionContext {
+        rendered: rendered.as_ref().ok(),
+        render_error: render_error.as_deref(),
+        engine,
+        inputs: &inputs,
+        haproxy_bin,
+    };
     result.assertions = test.assertions.iter().map(|a| ctx.check(a)).collect();
-    let expects_error = test.assertions.iter().any(|a| a.target == "rendering_error");
-    result.passed = result.assertions.iter().all(|a| a.passed) && (render_error.is_none() || expects_error);
+    let expects_error = test
+        .assertions
+        .iter()
+        .any(|a| a.target == "rendering_error");
+    result.passed =
+        result.assertions.iter().all(|a| a.passed) && (render_error.is_none() || expects_error);
     result.render_error = render_error;
     result.rendered = rendered.ok();
     result.duration = started.elapsed().as_secs_f64();
@@ -207,10 +275,19 @@ impl AssertionContext<'_> {
     fn target_text(&self, target: &Target) -> Result<String, String> {
         match target {
             Target::RenderingError => Ok(self.render_error.unwrap_or_default().to_string()),
-            _ if self.rendered.is_none() => Err(format!("rendering failed: {}", self.render_error.unwrap_or_default())),
-            Target::HaproxyCfg => Ok(self.rendered.map(|r| r.haproxy_cfg.clone()).unwrap_or_default()),
+            _ if self.rendered.is_none() => Err(format!(
+                "rendering failed: {}",
+                self.render_error.unwrap_or_default()
+            )),
+            Target::HaproxyCfg => Ok(self
+                .rendered
+                .map(|r| r.haproxy_cfg.clone())
+                .unwrap_or_default()),
             Target::File(kind, name) => {
-                let files = &self.rendered.map(|r| r.files.as_slice()).unwrap_or_default();
+                let files = &self
+                    .rendered
+                    .map(|r| r.files.as_slice())
+                    .unwrap_or_default();
                 let same_kind: Vec<_> = files.iter().filter(|f| f.kind == *kind).collect();
                 let sanitized = crate::render::context::sanitize_file_name(name);
                 same_kind
@@ -219,15 +296,34 @@ impl AssertionContext<'_> {
                     .map(|f| f.content.clone())
                     .ok_or_else(|| {
                         let names: Vec<&str> = same_kind.iter().map(|f| f.name.as_str()).collect();
-                        format!("no {kind} named {name:?} was rendered (rendered: {})", if names.is_empty() { "none".into() } else { names.join(", ") })
+                        format!(
+                            "no {kind} named {name:?} was rendered (rendered: {})",
+                            if names.is_empty() {
+                                "none".into()
+                            } else {
+                                names.join(", ")
+                            }
+                        )
                     })
             }
         }
     }
 
     fn check(&self, a: &Assertion) -> AssertionResult {
-        let description = if a.description.is_empty() { default_description(a) } else { a.description.clone() };
-        let mut result = AssertionResult { kind: a.kind.clone(), description, passed: false, error: None, target: None, target_size: None, target_preview: None };
+        let description = if a.description.is_empty() {
+            default_description(a)
+        } else {
+            a.description.clone()
+        };
+        let mut result = AssertionResult {
+            kind: a.kind.clone(),
+            description,
+            passed: false,
+            error: None,
+            target: None,
+            target_size: None,
+            target_preview: None,
+        };
         let outcome = match a.kind.as_str() {
             "haproxy_valid" => self.haproxy_valid(),
             "deterministic" => self.deterministic(),
@@ -236,7 +332,11 @@ impl AssertionContext<'_> {
                 let text = target.clone().and_then(|t| self.target_text(&t));
                 match text {
                     Ok(text) => {
-                        result.target = Some(if a.target.is_empty() { "haproxy.cfg".into() } else { a.target.clone() });
+                        result.target = Some(if a.target.is_empty() {
+                            "haproxy.cfg".into()
+                        } else {
+                            a.target.clone()
+                        });
                         result.target_size = Some(text.len());
                         result.target_preview = Some(preview(&text));
                         check_text(a, &text)
@@ -253,24 +353,50 @@ impl AssertionContext<'_> {
     }
 
     fn haproxy_valid(&self) -> Result<(), String> {
-        let rendered = self.rendered.ok_or_else(|| format!("rendering failed: {}", self.render_error.unwrap_or_default()))?;
+        let rendered = self.rendered.ok_or_else(|| {
+            format!(
+                "rendering failed: {}",
+                self.render_error.unwrap_or_default()
+            )
+        })?;
         let bundle = rendered.to_bundle();
-        check_bundle(self.haproxy_bin, &bundle).map(|_| ()).map_err(|e| format!("{e} (config: {} bytes)", bundle.haproxy_cfg.len()))
+        check_bundle(self.haproxy_bin, &bundle)
+            .map(|_| ())
+            .map_err(|e| format!("{e} (config: {} bytes)", bundle.haproxy_cfg.len()))
     }
 
     fn deterministic(&self) -> Result<(), String> {
-        let first = self.rendered.ok_or_else(|| format!("rendering failed: {}", self.render_error.unwrap_or_default()))?;
-        let second = self.engine.render(self.inputs).map_err(|e| format!("second render failed: {e}"))?;
+        let first = self.rendered.ok_or_else(|| {
+            format!(
+                "rendering failed: {}",
+                self.render_error.unwrap_or_default()
+            )
+        })?;
+        let second = self
+            .engine
+            .render(self.inputs)
+            .map_err(|e| format!("second render failed: {e}"))?;
         if first.haproxy_cfg != second.haproxy_cfg {
-            return Err(format!("haproxy.cfg differs between two renders:\n{}", first_difference(&first.haproxy_cfg, &second.haproxy_cfg)));
+            return Err(format!(
+                "haproxy.cfg differs between two renders:\n{}",
+                first_difference(&first.haproxy_cfg, &second.haproxy_cfg)
+            ));
         }
         let paths = |r: &Rendered| r.files.iter().map(|f| f.path.clone()).collect::<Vec<_>>();
         if paths(first) != paths(&second) {
-            return Err(format!("the set of files differs between two renders: {:?} vs {:?}", paths(first), paths(&second)));
+            return Err(format!(
+                "the set of files differs between two renders: {:?} vs {:?}",
+                paths(first),
+                paths(&second)
+            ));
         }
         for (a, b) in first.files.iter().zip(&second.files) {
             if a.content != b.content {
-                return Err(format!("{} differs between two renders:\n{}", a.path, first_difference(&a.content, &b.content)));
+                return Err(format!(
+                    "{} differs between two renders:\n{}",
+                    a.path,
+                    first_difference(&a.content, &b.content)
+                ));
             }
         }
         Ok(())
@@ -280,19 +406,36 @@ impl AssertionContext<'_> {
 /// The first differing line of two texts, with one line of context.
 fn first_difference(a: &str, b: &str) -> String {
     let (la, lb): (Vec<&str>, Vec<&str>) = (a.lines().collect(), b.lines().collect());
-    let i = la.iter().zip(&lb).position(|(x, y)| x != y).unwrap_or(la.len().min(lb.len()));
-    format!("line {}:\n- {}\n+ {}", i + 1, la.get(i).unwrap_or(&"<end>"), lb.get(i).unwrap_or(&"<end>"))
+    let i = la
+        .iter()
+        .zip(&lb)
+        .position(|(x, y)| x != y)
+        .unwrap_or(la.len().min(lb.len()));
+    format!(
+        "line {}:\n- {}\n+ {}",
+        i + 1,
+        la.get(i).unwrap_or(&"<end>"),
+        lb.get(i).unwrap_or(&"<end>")
+    )
 }
 
 fn default_description(a: &Assertion) -> String {
-    let target = if a.target.is_empty() { "haproxy.cfg" } else { a.target.as_str() };
+    let target = if a.target.is_empty() {
+        "haproxy.cfg"
+    } else {
+        a.target.as_str()
+    };
     match a.kind.as_str() {
         "haproxy_valid" => "HAProxy accepts the configuration".into(),
         "deterministic" => "rendering twice gives identical output".into(),
         "contains" => format!("{target} contains /{}/", a.pattern),
         "not_contains" => format!("{target} does not contain /{}/", a.pattern),
         "equals" => format!("{target} equals the expected text"),
-        "match_count" => format!("{target} matches /{}/ {} times", a.pattern, expected_text(a)),
+        "match_count" => format!(
+            "{target} matches /{}/ {} times",
+            a.pattern,
+            expected_text(a)
+        ),
         "match_order" => format!("{target} matches {} patterns in order", a.patterns.len()),
         other => other.to_string(),
     }
@@ -323,7 +466,11 @@ fn check_text(a: &Assertion, text: &str) -> Result<(), String> {
         }
         "not_contains" => match compile(&a.pattern)?.find(text) {
             None => Ok(()),
-            Some(m) => Err(format!("pattern /{}/ unexpectedly found: {:?}", a.pattern, m.as_str())),
+            Some(m) => Err(format!(
+                "pattern /{}/ unexpectedly found: {:?}",
+                a.pattern,
+                m.as_str()
+            )),
         },
         "equals" => {
             let expected = expected_text(a);
@@ -334,12 +481,18 @@ fn check_text(a: &Assertion, text: &str) -> Result<(), String> {
             }
         }
         "match_count" => {
-            let expected: usize = expected_text(a).trim().parse().map_err(|_| format!("expected must be an integer, got {:?}", expected_text(a)))?;
+            let expected: usize = expected_text(a)
+                .trim()
+                .parse()
+                .map_err(|_| format!("expected must be an integer, got {:?}", expected_text(a)))?;
             let count = compile(&a.pattern)?.find_iter(text).count();
             if count == expected {
                 Ok(())
             } else {
-                Err(format!("pattern /{}/ matched {count} times, expected {expected}", a.pattern))
+                Err(format!(
+                    "pattern /{}/ matched {count} times, expected {expected}",
+                    a.pattern
+                ))
             }
         }
         "match_order" => {
@@ -348,9 +501,15 @@ fn check_text(a: &Assertion, text: &str) -> Result<(), String> {
             }
             let mut last = 0usize;
             for (i, pattern) in a.patterns.iter().enumerate() {
-                let m = compile(pattern)?.find(text).ok_or_else(|| format!("pattern {} /{pattern}/ not found", i + 1))?;
+                let m = compile(pattern)?
+                    .find(text)
+                    .ok_or_else(|| format!("pattern {} /{pattern}/ not found", i + 1))?;
                 if m.start() < last {
-                    return Err(format!("pattern {} /{pattern}/ first matches before pattern {}", i + 1, i));
+                    return Err(format!(
+                        "pattern {} /{pattern}/ first matches before pattern {}",
+                        i + 1,
+                        i
+                    ));
                 }
                 last = m.start();
             }

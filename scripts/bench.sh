@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Benchmarks for the numbers that matter (never timing assertions in tests).
+#
+#   scripts/bench.sh            every benchmark
+#   scripts/bench.sh render     render time and peak memory of the example config with 1,000
+#                               and 10,000 generated routed Services (+ EndpointSlices)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+ensure_packages /usr/bin/time:time python3:python3
+
+which=${1:-all}
+
+bench_render() {
+  cargo build --quiet --release --bin haptic
+  local work; work=$(mktemp -d /tmp/haptic-bench.XXXXXX)
+  for n in 1000 10000; do
+    python3 - "$n" > "$work/objects-$n.yaml" <<'PY'
+import sys
+n = int(sys.argv[1])
+for i in range(n):
+    ns = f"ns{i % 50}"
+    print(f"""---
+apiVersion: v1
+kind: Service
+metadata:
+  name: svc{i}
+  namespace: {ns}
+  annotations: {{example.haproxy-haptic.org/host: host{i}.example.com}}
+spec: {{ports: [{{port: 80, targetPort: 8080}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: svc{i}-abc
+  namespace: {ns}
+  labels: {{kubernetes.io/service-name: svc{i}}}
+ports: [{{port: 8080}}]
+endpoints:
+  - addresses: ["10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"]
+    conditions: {{ready: true}}
+  - addresses: ["10.{(i + 1) // 65536 % 256}.{(i + 1) // 256 % 256}.{(i + 1) % 256}"]""")
+PY
+    local out
+    out=$( { /usr/bin/time -f "peak_rss_kb=%M wall_s=%e" target/release/haptic render -f examples/haproxy-template-config.yaml \
+      --fixtures "$work/objects-$n.yaml" -o "$work/out-$n" --timings >/dev/null; } 2>&1 )
+    echo "render n=$n $(echo "$out" | grep -o 'objects=.*') $(echo "$out" | grep -o 'peak_rss_kb=.*')"
+  done
+  rm -rf "$work"
+}
+
+case "$which" in
+  render) bench_render ;;
+  all) bench_render ;;
+  *) echo "unknown benchmark $which (render, all)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,297 @@
+//! End-to-end tests of the `haptic` command line on the shipped example and on a config that
+//! exercises every assertion type, with the real `haproxy -c`.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn haptic(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_haptic"))
+        .args(args)
+        .current_dir(root())
+        .output()
+        .expect("run haptic")
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn require_haproxy() {
+    let ok = Command::new("haproxy")
+        .arg("-v")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(ok, "haproxy is not installed: run scripts/test.sh (it installs it) or apt-get install -y haproxy");
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("haptic-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+const EXAMPLE: &str = "examples/haproxy-template-config.yaml";
+
+#[test]
+fn validate_example_passes() {
+    require_haproxy();
+    let out = haptic(&["validate", "-f", EXAMPLE]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.contains("3 passed, 0 failed"), "last line: {last}");
+}
+
+#[test]
+fn render_example_gives_a_directory_haproxy_accepts() {
+    require_haproxy();
+    let dir = TempDir::new("render");
+    let outdir = dir.0.join("out");
+    let out = haptic(&[
+        "render",
+        "-f",
+        EXAMPLE,
+        "--fixtures",
+        "examples/fixtures",
+        "-o",
+        outdir.to_str().unwrap(),
+        "--validate",
+        "--extra-context",
+        "http_port=23456",
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("skipping ConfigMap demo/unrelated"),
+        "unwatched objects are named: {stderr}"
+    );
+    assert!(stdout.contains("configuration is valid"), "{stdout}");
+    let hash_line = stdout
+        .lines()
+        .find(|l| l.starts_with("bundle "))
+        .expect("bundle hash printed");
+    assert_eq!(hash_line.len(), "bundle ".len() + 64);
+    let cfg = std::fs::read_to_string(outdir.join("haproxy.cfg")).unwrap();
+    assert!(
+        cfg.contains("bind *:23456"),
+        "extra-context number used as a port:\n{cfg}"
+    );
+    assert!(
+        cfg.contains("server SRV_1 127.0.0.1:18081 enabled"),
+        "{cfg}"
+    );
+    let map = std::fs::read_to_string(outdir.join("maps/hosts.map")).unwrap();
+    assert_eq!(map, "echo.local be_demo_echo\nhello.local be_demo_hello\n");
+    // The directory works from anywhere, as promised: paths resolve relative to haproxy.cfg.
+    let check = Command::new("haproxy")
+        .arg("-c")
+        .arg("-f")
+        .arg(outdir.join("haproxy.cfg"))
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", text(&check.stderr));
+    // Rendering again gives the same bundle.
+    let again = haptic(&[
+        "render",
+        "-f",
+        EXAMPLE,
+        "--fixtures",
+        "examples/fixtures",
+        "-o",
+        outdir.to_str().unwrap(),
+        "--extra-context",
+        "http_port=23456",
+    ]);
+    assert!(
+        text(&again.stdout).contains(hash_line),
+        "same inputs, same bundle hash"
+    );
+}
+
+#[test]
+fn broken_template_exits_1_naming_template_and_line() {
+    let dir = TempDir::new("broken");
+    let original = std::fs::read_to_string(root().join(EXAMPLE)).unwrap();
+    let broken = original.replace(
+        "{% include \"backend\" %}",
+        "{% include \"backend\" %}{{ 1 + }}",
+    );
+    assert_ne!(broken, original);
+    let path = dir.0.join("broken.yaml");
+    std::fs::write(&path, broken).unwrap();
+    let out = haptic(&[
+        "render",
+        "-f",
+        path.to_str().unwrap(),
+        "--fixtures",
+        "examples/fixtures",
+        "-o",
+        dir.0.join("o").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("template haproxy.cfg line 21"), "{stderr}");
+    assert!(stderr.contains("syntax error"), "{stderr}");
+
+    let bad_spec = dir.0.join("bad-spec.yaml");
+    std::fs::write(
+        &bad_spec,
+        original.replace(
+            "indexBy: [\"metadata.namespace\", \"metadata.name\"]",
+            "indexBy: []",
+        ),
+    )
+    .unwrap();
+    let out = haptic(&["validate", "-f", bad_spec.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains(
+            "spec.watchedResources.services.indexBy: at least one expression is required"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn every_assertion_type_and_target_gives_the_right_verdict() {
+    require_haproxy();
+    let out = haptic(&[
+        "validate",
+        "-f",
+        "tests/fixtures/assertions.yaml",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "some tests are meant to fail");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)));
+    let tests = report["tests"].as_array().unwrap();
+    let names: Vec<&str> = tests
+        .iter()
+        .map(|t| t["testName"].as_str().unwrap())
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted, "results are sorted by name");
+    for test in tests {
+        let name = test["testName"].as_str().unwrap();
+        let passed = test["passed"].as_bool().unwrap();
+        assert_eq!(passed, name.starts_with("pass-"), "{name}: {test:#}");
+    }
+    let find = |name: &str| tests.iter().find(|t| t["testName"] == name).unwrap();
+    let missing = &find("fail-missing-file")["assertions"][0]["error"];
+    assert!(
+        missing
+            .as_str()
+            .unwrap()
+            .contains("no map named \"other.map\" was rendered (rendered: hosts.map)"),
+        "{missing}"
+    );
+    let invalid = &find("fail-haproxy-invalid")["assertions"][0]["error"];
+    assert!(
+        invalid.as_str().unwrap().contains("no-such-directive"),
+        "HAProxy's own message: {invalid}"
+    );
+    assert_eq!(report["passedTests"], 2);
+    assert_eq!(report["failedTests"], tests.len() - 2);
+
+    let one = haptic(&[
+        "validate",
+        "-f",
+        "tests/fixtures/assertions.yaml",
+        "--test",
+        "pass-all-targets",
+    ]);
+    assert!(one.status.success(), "{}", text(&one.stdout));
+    assert!(text(&one.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .contains("1 passed, 0 failed"));
+    let unknown = haptic(&[
+        "validate",
+        "-f",
+        "tests/fixtures/assertions.yaml",
+        "--test",
+        "nope",
+    ]);
+    assert!(text(&unknown.stderr).contains("no validation test named \"nope\""));
+    let yaml = haptic(&[
+        "validate",
+        "-f",
+        "tests/fixtures/assertions.yaml",
+        "-o",
+        "yaml",
+        "--test",
+        "pass-all-targets",
+    ]);
+    assert!(text(&yaml.stdout).contains("testName: pass-all-targets"));
+}
+
+#[test]
+fn config_merge_prints_the_merged_config() {
+    let dir = TempDir::new("merge");
+    let over = dir.0.join("override.yaml");
+    std::fs::write(&over, "spec:\n  templatingSettings:\n    extraContext: {http_port: 9999}\n  validationTests: null\napiVersion: haproxy-haptic.org/v1alpha1\nkind: HAProxyTemplateConfig\n").unwrap();
+    let out = haptic(&[
+        "config",
+        "merge",
+        "-f",
+        EXAMPLE,
+        "-f",
+        over.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let merged: serde_json::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        merged["spec"]["templatingSettings"]["extraContext"],
+        serde_json::json!({"http_port": 9999, "slots": 4})
+    );
+    assert!(
+        merged["spec"].get("validationTests").is_none(),
+        "null removes a key"
+    );
+    assert_eq!(merged["metadata"]["name"], "haptic-example");
+}
+
+#[test]
+fn help_and_version() {
+    for cmd in [
+        &["render", "--help"][..],
+        &["validate", "--help"],
+        &["config", "merge", "--help"],
+        &["version", "--help"],
+        &["--help"],
+    ] {
+        let out = haptic(cmd);
+        assert!(out.status.success(), "{cmd:?}");
+        assert!(
+            text(&out.stdout).contains("Usage"),
+            "{cmd:?}: {}",
+            text(&out.stdout)
+        );
+    }
+    let out = haptic(&["version"]);
+    assert!(text(&out.stdout).starts_with("haptic "));
+    let out = haptic(&["render", "--bogus"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("unknown option --bogus"));
+}
