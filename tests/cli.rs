@@ -295,3 +295,18 @@ fn help_and_version() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("unknown option --bogus"));
 }
+
+#[test]
+fn unindexable_fixtures_are_reported_and_skipped() {
+    let dir = TempDir::new("unindexable");
+    let fixtures = dir.0.join("f.yaml");
+    std::fs::write(
+        &fixtures,
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: orphan, namespace: demo}\nendpoints: []\n",
+    )
+    .unwrap();
+    let out = haptic(&["render", "-f", EXAMPLE, "--fixtures", "examples/fixtures", "--fixtures", fixtures.to_str().unwrap(), "-o", dir.0.join("o").to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("skipping fixture endpoints: object demo/orphan has no scalar value at indexBy expression"), "{stderr}");
+}

@@ -98,7 +98,10 @@ pub fn run(args: &[String]) -> CommandResult {
     for warning in warnings {
         eprintln!("warning: {warning}");
     }
-    let stores = build_stores(&spec, fixtures)?;
+    let (stores, skipped) = build_stores(&spec, fixtures);
+    for problem in skipped {
+        eprintln!("warning: skipping fixture {problem}");
+    }
     let load_time = load_started.elapsed();
     let objects: usize = stores.values().map(|s| s.len()).sum();
     let mut extra_context = engine.extra_context().clone();

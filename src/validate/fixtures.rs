@@ -18,12 +18,14 @@ pub type Placement = BTreeMap<String, Vec<Value>>;
 
 /// Builds one store per watched resource (plus `haproxy-pods`) from fixtures keyed by
 /// watched-resource name. Objects go through the same selectors and ignored fields as live
-/// objects; missing `apiVersion`/`kind` are filled in from the watched resource.
+/// objects; missing `apiVersion`/`kind` are filled in from the watched resource. Objects that
+/// cannot be stored (no name, no value for an `indexBy` expression) are skipped and reported.
 pub fn build_stores(
     spec: &Spec,
     mut fixtures: Placement,
-) -> Result<BTreeMap<String, Arc<Store>>, String> {
+) -> (BTreeMap<String, Arc<Store>>, Vec<String>) {
     let mut stores = BTreeMap::new();
+    let mut skipped = Vec::new();
     for (name, resource) in &spec.watched_resources {
         let mut store = Store::for_resource(resource);
         let filter = ObjectFilter::for_resource(spec, resource);
@@ -44,19 +46,20 @@ pub fn build_stores(
             let Some(object) = filter.prepare(object) else {
                 continue;
             };
-            store
-                .upsert(Arc::new(object))
-                .map_err(|e| format!("fixture for {name}: {e}"))?;
+            if let Err(e) = store.upsert(Arc::new(object)) {
+                skipped.push(format!("{name}: {e}"));
+            }
         }
         stores.insert(name.clone(), Arc::new(store));
     }
     let mut pods = Store::new(crate::render::pod_index());
     for object in fixtures.remove(HAPROXY_PODS).into_iter().flatten() {
-        pods.upsert(Arc::new(object))
-            .map_err(|e| format!("fixture for {HAPROXY_PODS}: {e}"))?;
+        if let Err(e) = pods.upsert(Arc::new(object)) {
+            skipped.push(format!("{HAPROXY_PODS}: {e}"));
+        }
     }
     stores.insert(HAPROXY_PODS.to_string(), Arc::new(pods));
-    Ok(stores)
+    (stores, skipped)
 }
 
 /// Places manifest objects under the watched resource whose apiVersion and plural resource
