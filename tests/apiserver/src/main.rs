@@ -4,7 +4,8 @@
 //! ```text
 //! haptic-dev-apiserver --listen 127.0.0.1:0 --kubeconfig-out /tmp/dev/kubeconfig [--load DIR]
 //!     [--plain-http] [--token TOKEN]... [--token-file PATH] [--cert-dir DIR]
-//!     [--bookmark-interval 60s] [--watch-timeout 30m] [--history 10000] [--log-level info]
+//!     [--bookmark-interval 60s] [--watch-timeout 30m] [--history 10000]
+//!     [--namespace-deletion-delay 1s] [--log-level info]
 //! ```
 //!
 //! Once serving it prints `ready <url>` on stdout. See `docs/dev-apiserver.md` for behaviour,
@@ -47,7 +48,8 @@ use crate::storage::{Expect, Store};
 
 const USAGE: &str = "usage: haptic-dev-apiserver --listen HOST:PORT [--kubeconfig-out PATH] \
 [--load DIR]... [--plain-http] [--token TOKEN]... [--token-file PATH] [--cert-dir DIR] \
-[--bookmark-interval DURATION] [--watch-timeout DURATION] [--history EVENTS] [--log-level LEVEL]";
+[--bookmark-interval DURATION] [--watch-timeout DURATION] [--history EVENTS] \
+[--namespace-deletion-delay DURATION] [--log-level LEVEL]";
 
 /// Command-line options.
 struct Args {
@@ -61,6 +63,7 @@ struct Args {
     bookmark_interval: Duration,
     watch_timeout: Duration,
     history: usize,
+    namespace_deletion_delay: Duration,
     log_level: log::LevelFilter,
 }
 
@@ -94,6 +97,7 @@ fn parse_args() -> Result<Args, String> {
         bookmark_interval: Duration::from_secs(60),
         watch_timeout: Duration::from_secs(1800),
         history: 10_000,
+        namespace_deletion_delay: Duration::from_secs(1),
         log_level: log::LevelFilter::Info,
     };
     let mut it = std::env::args().skip(1);
@@ -120,6 +124,10 @@ fn parse_args() -> Result<Args, String> {
                 args.bookmark_interval = parse_duration(&value("--bookmark-interval")?)?
             }
             "--watch-timeout" => args.watch_timeout = parse_duration(&value("--watch-timeout")?)?,
+            "--namespace-deletion-delay" => {
+                args.namespace_deletion_delay =
+                    parse_duration(&value("--namespace-deletion-delay")?)?
+            }
             "--history" => {
                 args.history = value("--history")?
                     .parse()
@@ -191,6 +199,7 @@ fn run(args: Args) -> Result<(), String> {
     }
     let server_tls = tls.as_ref().map(tls::Pki::server_config).transpose()?;
 
+    let (reaper_tx, reaper_rx) = crossbeam_channel::unbounded();
     let ctx = Arc::new(Ctx {
         store: Store::new(args.history),
         auth: Auth::new(tokens, args.token_file.clone()),
@@ -199,8 +208,17 @@ fn run(args: Args) -> Result<(), String> {
             bookmark_interval: args.bookmark_interval,
             watch_timeout: args.watch_timeout,
             address: local.to_string(),
+            namespace_deletion_delay: args.namespace_deletion_delay,
         },
+        namespace_reaper: reaper_tx,
     });
+    {
+        let ctx = ctx.clone();
+        std::thread::Builder::new()
+            .name("namespace-reaper".into())
+            .spawn(move || server::reap_namespaces(ctx, reaper_rx))
+            .map_err(|e| format!("start namespace reaper: {e}"))?;
+    }
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
         let obj = json!({"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": ns, "uid": util::new_uid(), "creationTimestamp": util::now_rfc3339(),

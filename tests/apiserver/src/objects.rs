@@ -11,6 +11,18 @@ use crate::util::{name_suffix, new_uid, now_rfc3339};
 
 /// Parses a request body as JSON, or YAML when the content type says so.
 pub fn parse_body(body: &[u8], content_type: Option<&str>) -> Result<Value, ApiError> {
+    // Protobuf and CBOR bodies are refused with 415, on which client-go falls back to JSON.
+    if content_type.is_some_and(|c| c.contains("protobuf") || c.contains("cbor")) {
+        return Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: \
+                 application/json, application/yaml (got {})",
+                content_type.unwrap_or("")
+            ),
+        ));
+    }
     let yaml = content_type.is_some_and(|c| c.contains("yaml"));
     let parsed: Result<Value, String> = if yaml {
         serde_yaml::from_slice(body).map_err(|e| e.to_string())

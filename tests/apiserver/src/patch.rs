@@ -8,7 +8,8 @@
 //! key where this server knows one (see [`merge_key`]): `name` for containers, initContainers,
 //! ephemeralContainers, env, volumes, imagePullSecrets; `containerPort` for container ports,
 //! `port` for Service `spec.ports`; `mountPath` for volumeMounts; `type` for conditions; `uid`
-//! for ownerReferences; `finalizers` merge as a set. Every other list is replaced as a whole,
+//! for ownerReferences; `name` for webhook configurations' `webhooks`; `metadata.finalizers`
+//! merge as a set. Every other list is replaced as a whole,
 //! which is what Kubernetes does for lists without a patch strategy (Ingress rules, EndpointSlice
 //! endpoints and ports, tolerations). Custom resources get JSON merge patch, as in Kubernetes.
 
@@ -49,7 +50,8 @@ fn merge_key(parent: &str, field: &str) -> ListMerge {
         "conditions" => ListMerge::Key("type"),
         "ownerReferences" => ListMerge::Key("uid"),
         "hostAliases" => ListMerge::Key("ip"),
-        "finalizers" => ListMerge::Set,
+        "webhooks" => ListMerge::Key("name"),
+        "finalizers" if last_parent == "metadata" => ListMerge::Set,
         _ => ListMerge::Atomic,
     }
 }

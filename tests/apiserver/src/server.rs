@@ -26,6 +26,8 @@ pub struct Config {
     pub watch_timeout: Duration,
     /// `host:port` reported in `/api`'s serverAddressByClientCIDRs.
     pub address: String,
+    /// How long a deleted namespace stays Terminating before it and its content go away.
+    pub namespace_deletion_delay: Duration,
 }
 
 /// Everything a request handler may use.
@@ -34,6 +36,8 @@ pub struct Ctx {
     pub auth: Auth,
     pub faults: Faults,
     pub config: Config,
+    /// Namespaces marked Terminating, to be removed (with their content) by the reaper thread.
+    pub namespace_reaper: crossbeam_channel::Sender<String>,
 }
 
 /// What a handler answers.
@@ -247,6 +251,36 @@ fn state(ctx: &Ctx) -> Value {
         "compactedResourceVersion": ctx.store.compacted_rv().to_string(),
         "watches": ctx.store.watch_count(),
     })
+}
+
+/// Removes namespaces once their deletion delay has passed, like Kubernetes' namespace
+/// controller does asynchronously: until then the namespace is `Terminating`, its objects can
+/// still be read and deleted, and new ones are refused.
+pub fn reap_namespaces(ctx: Arc<Ctx>, names: crossbeam_channel::Receiver<String>) {
+    for name in names {
+        // The delay models the namespace controller's asynchronous work; it is not a
+        // synchronisation device.
+        thread::sleep(ctx.config.namespace_deletion_delay);
+        while let Some(ns) = ctx.store.get("namespaces", "", &name) {
+            if ns["metadata"]["deletionTimestamp"].is_null() {
+                break;
+            }
+            let rv = crate::storage::object_rv(&ns);
+            match ctx.store.commit(
+                "namespaces",
+                "",
+                &name,
+                crate::storage::Expect::Version(rv),
+                None,
+            ) {
+                Err(crate::storage::CommitError::Conflict) => continue,
+                _ => {
+                    log::info!("namespace removed name={name}");
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// The user the `--load` seeding runs as.

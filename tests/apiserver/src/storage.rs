@@ -244,17 +244,20 @@ impl Store {
                 let _ = inner.registry.apply_crd(crd);
             }
         }
-        let result = inner.write(&key, current, new, self.history_limit);
-        if group_resource == "namespaces" && result.1 == EventType::Deleted {
-            inner.delete_where(|k| k.1 == name && k.0 != "namespaces", self.history_limit);
-        }
-        if group_resource == CRD_RESOURCE && result.1 == EventType::Deleted {
-            if let Some(t) = inner.registry.find_group_resource(name) {
-                let gr = t.group_resource();
-                inner.delete_where(|k| k.0 == gr, self.history_limit);
+        // What a namespace or CRD held goes first, so watchers never see orphans.
+        if new.is_none() && current.is_some() {
+            if group_resource == "namespaces" {
+                inner.delete_where(|k| k.1 == name && k.0 != "namespaces", self.history_limit);
             }
-            inner.registry.remove_crd(name);
+            if group_resource == CRD_RESOURCE {
+                if let Some(t) = inner.registry.find_group_resource(name) {
+                    let gr = t.group_resource();
+                    inner.delete_where(|k| k.0 == gr, self.history_limit);
+                }
+                inner.registry.remove_crd(name);
+            }
         }
+        let result = inner.write(&key, current, new, self.history_limit);
         Ok(result.0)
     }
 

@@ -94,8 +94,17 @@ pub fn serve(
             wait = wait.min(Duration::from_millis(50));
         }
         match reg.rx.recv_timeout(wait) {
-            Ok(WatchMsg::Event(event)) if paused => held.push(event),
-            Ok(WatchMsg::Event(event)) => send_event(conn, opts, &event)?,
+            Ok(WatchMsg::Event(event)) => {
+                // The pause may have changed while waiting.
+                if ctx.faults.is_paused(&group_resource) {
+                    held.push(event);
+                } else {
+                    for e in held.drain(..) {
+                        send_event(conn, opts, &e)?;
+                    }
+                    send_event(conn, opts, &event)?;
+                }
+            }
             Ok(WatchMsg::Close { abrupt: true }) => {
                 conn.abort();
                 return Ok(Ended::Aborted);

@@ -67,8 +67,21 @@ pub fn create(ctx: &Ctx, t: &Target, req: &Request, user: &User) -> Result<Reply
     let ns = t.ns().to_string();
     let name = prepare_create(&t.rtype, &t.version, &ns, &mut obj)?;
     crd_checks(t, &mut obj, &name)?;
-    if t.rtype.namespaced && ctx.store.get("namespaces", "", &ns).is_none() {
-        return Err(ApiError::not_found("", "namespaces", &ns));
+    if t.rtype.namespaced {
+        match ctx.store.get("namespaces", "", &ns) {
+            None => return Err(ApiError::not_found("", "namespaces", &ns)),
+            Some(n) if !n["metadata"]["deletionTimestamp"].is_null() => {
+                return Err(ApiError::new(
+                    403,
+                    "Forbidden",
+                    format!(
+                        "{} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+                        t.rtype.group_resource()
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
     }
     if ctx
         .store
@@ -306,7 +319,16 @@ pub fn delete(ctx: &Ctx, t: &Target, req: &Request, user: &User) -> Result<Reply
         let has_finalizers = cur["metadata"]["finalizers"]
             .as_array()
             .is_some_and(|f| !f.is_empty());
-        let write = if has_finalizers {
+        let is_namespace = t.rtype.group.is_empty() && t.rtype.plural == "namespaces";
+        let write = if is_namespace && !has_finalizers {
+            if !cur["metadata"]["deletionTimestamp"].is_null() {
+                return Ok(Reply::Json(200, present(&cur, &t.rtype, &t.version)));
+            }
+            let mut marked = (*cur).clone();
+            marked["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+            marked["status"]["phase"] = json!("Terminating");
+            Some(marked)
+        } else if has_finalizers {
             if !cur["metadata"]["deletionTimestamp"].is_null() {
                 return Ok(Reply::Json(200, present(&cur, &t.rtype, &t.version)));
             }
@@ -325,6 +347,9 @@ pub fn delete(ctx: &Ctx, t: &Target, req: &Request, user: &User) -> Result<Reply
             write,
         ) {
             Ok(obj) => {
+                if is_namespace && !has_finalizers {
+                    let _ = ctx.namespace_reaper.send(t.name().to_string());
+                }
                 log::debug!(
                     "deleted resource={gr} namespace={} name={}",
                     t.ns(),
