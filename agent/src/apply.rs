@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
@@ -14,10 +15,22 @@ use crate::classify::{classify, Classification};
 use crate::files::{
     self, check_no_symlinks, check_path_shape, hash_file, Disk, CONFIG_FILE, NEXT_CONFIG_FILE,
 };
-use crate::haproxy::{Haproxy, ProcInfo};
+use crate::haproxy::{Haproxy, ProcInfo, SOCKET_PATIENCE};
 use crate::protocol::{sha256_hex, ApplyRecord, ApplyResponse, Bundle, Drift, ErrorBody};
 use crate::runtime;
 use crate::state::{now_rfc3339, Journal, Manifest, ManifestEntry, Persisted, Phase, StateDir};
+
+/// Holds the apply lock and clears the busy flag when dropped.
+struct BusyGuard<'a> {
+    _lock: MutexGuard<'a, ()>,
+    flag: &'a AtomicBool,
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        self.flag.store(false, Ordering::SeqCst);
+    }
+}
 
 /// A refused or failed apply: the HTTP status and the JSON body.
 #[derive(Debug)]
@@ -66,6 +79,9 @@ pub struct Agent {
     pub(crate) state_dir: StateDir,
     pub(crate) haproxy: Haproxy,
     apply_lock: Mutex<()>,
+    /// Set while an apply holds `apply_lock`; readers check it instead of touching the lock, so
+    /// a state request can never make a concurrent PUT look busy.
+    busy: AtomicBool,
     pub(crate) inner: Mutex<Inner>,
     /// Test-only fault injection (`HAPTIC_AGENT_FAULT`): exit at a named point of an apply.
     fault: Option<String>,
@@ -114,6 +130,7 @@ impl Agent {
             state_dir,
             haproxy,
             apply_lock: Mutex::new(()),
+            busy: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 persisted,
                 applied: None,
@@ -125,14 +142,37 @@ impl Agent {
             let mut inner = lock(&agent.inner);
             agent.recover(&mut inner)?;
             inner.applied = agent.load_applied(&inner.persisted);
-            let _ = agent.refresh(&mut inner);
+            if agent.haproxy.master_socket.exists() {
+                let _ = agent.refresh(&mut inner);
+            }
             inner.drift = agent.drift(&inner.persisted);
         }
         Ok(agent)
     }
 
-    pub(crate) fn apply_lock(&self) -> &Mutex<()> {
-        &self.apply_lock
+    /// Whether an apply or forced reload is running.
+    pub(crate) fn is_busy(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+
+    /// Takes the single-flight lock or answers 423.
+    fn begin(&self) -> Result<BusyGuard<'_>, ApplyError> {
+        let lock = match self.apply_lock.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => {
+                return Err(ApplyError::new(
+                    423,
+                    "busy",
+                    "another apply is running; retry when it has finished",
+                ))
+            }
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+        };
+        self.busy.store(true, Ordering::SeqCst);
+        Ok(BusyGuard {
+            _lock: lock,
+            flag: &self.busy,
+        })
     }
 
     fn fault_point(&self, name: &str) {
@@ -145,17 +185,7 @@ impl Agent {
     /// Applies a bundle (or plans it, for a dry run).
     pub fn apply(&self, req: ApplyRequest) -> Result<ApplyResponse, ApplyError> {
         let started = Instant::now();
-        let _guard = match self.apply_lock.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::WouldBlock) => {
-                return Err(ApplyError::new(
-                    423,
-                    "busy",
-                    "another apply is running; retry when it has finished",
-                ))
-            }
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        };
+        let _guard = self.begin()?;
         // Only holders of the apply lock change `inner`, so working on a copy is race-free.
         let mut inner = lock(&self.inner).clone();
         let _ = self.refresh(&mut inner);
@@ -274,7 +304,7 @@ impl Agent {
         accept_epoch(inner, req.epoch);
         let before = self
             .haproxy
-            .show_proc(self.haproxy.command_timeout)
+            .show_proc(SOCKET_PATIENCE)
             .map_err(|e| ApplyError::new(503, "haproxy_unreachable", e.to_string()))?;
         let mut response = self.execute(inner, &req.bundle, &hash.to_string(), plan, &before)?;
         response.timings_ms.insert("total".into(), millis(started));
@@ -383,7 +413,7 @@ impl Agent {
         } else {
             response.worker_pid_after = self
                 .haproxy
-                .show_proc(self.haproxy.command_timeout)
+                .show_proc(SOCKET_PATIENCE)
                 .ok()
                 .and_then(|p| p.worker_pid());
         }
@@ -473,17 +503,7 @@ impl Agent {
     /// `POST /v1/reload`: a forced reload of what is on disk.
     pub fn force_reload(&self) -> Result<ApplyResponse, ApplyError> {
         let started = Instant::now();
-        let _guard = match self.apply_lock.try_lock() {
-            Ok(g) => g,
-            Err(TryLockError::WouldBlock) => {
-                return Err(ApplyError::new(
-                    423,
-                    "busy",
-                    "an apply is running; retry when it has finished",
-                ))
-            }
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        };
+        let _guard = self.begin()?;
         let outcome = self
             .haproxy
             .reload()

@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// How long callers keep retrying a master socket that refuses connections (it does while the
+/// master re-executes itself) before reporting HAProxy unreachable.
+pub const SOCKET_PATIENCE: Duration = Duration::from_secs(2);
+
 /// A failed conversation with HAProxy, with the command it was about.
 #[derive(Debug)]
 pub struct HaproxyError {
@@ -204,7 +208,7 @@ impl Haproxy {
     /// 2.6 (which answers nothing) the `show proc` counters and a new worker pid.
     pub fn reload(&self) -> Result<ReloadOutcome, HaproxyError> {
         let started = Instant::now();
-        let before = self.show_proc(self.command_timeout)?;
+        let before = self.show_proc(SOCKET_PATIENCE)?;
         let reply = self.converse(&self.master_socket, "reload\n", self.reload_timeout)?;
         if reply.contains("Success=0") {
             return Err(err(

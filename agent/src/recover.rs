@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use crate::apply::{Agent, Inner};
 use crate::files::{hash_file, CONFIG_FILE};
-use crate::haproxy::ProcInfo;
+use crate::haproxy::{ProcInfo, SOCKET_PATIENCE};
 use crate::protocol::{ApplyRecord, Bundle, BundleFile, Drift, FileKind};
 use crate::state::{now_rfc3339, Persisted, Phase};
 
@@ -67,7 +67,7 @@ impl Agent {
             p.applied_at = Some(now_rfc3339());
             p.master_pid = self
                 .haproxy
-                .show_proc(self.haproxy.command_timeout)
+                .show_proc(SOCKET_PATIENCE)
                 .ok()
                 .map(|i| i.master_pid);
             "reload"
@@ -97,7 +97,7 @@ impl Agent {
     pub(crate) fn refresh(&self, inner: &mut Inner) -> Result<ProcInfo, String> {
         let proc = self
             .haproxy
-            .show_proc(self.haproxy.command_timeout)
+            .show_proc(SOCKET_PATIENCE)
             .map_err(|e| e.to_string())?;
         let p = &mut inner.persisted;
         if p.master_pid != Some(proc.master_pid) {

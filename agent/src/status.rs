@@ -1,25 +1,19 @@
 //! Read-only views of the agent for `GET /v1/state`, `GET /v1/config` and `/readyz`.
 
-use std::sync::TryLockError;
-
 use crate::apply::{lock, Agent};
 use crate::files::CONFIG_FILE;
+use crate::haproxy::SOCKET_PATIENCE;
 use crate::protocol::{AgentState, HaproxyStatus, Mode};
 
 impl Agent {
     /// The state report. While an apply runs it answers at once from the last known state with
     /// `busy: true`; otherwise it re-reads HAProxy and re-hashes disk.
     pub fn state(&self) -> AgentState {
-        let guard = match self.apply_lock().try_lock() {
-            Ok(g) => Some(g),
-            Err(TryLockError::WouldBlock) => None,
-            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        };
-        let busy = guard.is_none();
+        let busy = self.is_busy();
         let mut inner = lock(&self.inner);
         let proc = if busy {
             self.haproxy
-                .show_proc(self.haproxy.command_timeout)
+                .show_proc(SOCKET_PATIENCE)
                 .map_err(|e| e.to_string())
         } else {
             let proc = self.refresh(&mut inner);
@@ -67,7 +61,7 @@ impl Agent {
     /// Readiness: HAProxy answers on the master socket and runs a bundle the agent applied.
     pub fn ready(&self) -> Result<(), String> {
         self.haproxy
-            .show_proc(self.haproxy.command_timeout)
+            .show_proc(SOCKET_PATIENCE)
             .map_err(|e| format!("HAProxy does not answer: {e}"))?;
         if lock(&self.inner).persisted.bundle.is_none() {
             return Err("no bundle applied yet (bootstrap configuration)".into());

@@ -1,0 +1,230 @@
+//! Who may apply (leader epoch, base hash, one at a time) and what happens when the agent or
+//! HAProxy restarts at a bad moment.
+
+mod support;
+
+use std::time::Duration;
+
+use haptic_agent::protocol::{Bundle, FileKind};
+use support::*;
+
+/// A small valid configuration; `variant` changes it structurally (a reload-class change).
+fn bundle(env: &Env, variant: u32) -> Bundle {
+    let cfg = format!(
+        "{}frontend fe\n    bind 127.0.0.1:{}\n    use_backend %[req.hdr(host),lower,map({}/maps/host.map,be_a)]\nbackend be_a\n    http-request return status 200 content-type text/plain string v{variant}\n",
+        env.global(),
+        env.fe_port,
+        env.cfg_dir.display()
+    );
+    Bundle::new(
+        cfg,
+        vec![file(
+            FileKind::Map,
+            "maps/host.map",
+            &format!("v{variant}.example be_a\n"),
+        )],
+    )
+}
+
+#[test]
+fn stale_epoch_wrong_base_concurrent_and_repeated_puts() {
+    let env = Env::start(Options::default());
+    let v1 = bundle(&env, 1);
+    let (status, body) = env.put_with(&v1, "", &[("X-Haptic-Epoch", "5"), ("If-Match", "*")]);
+    assert_eq!(status, 200, "{body:#}");
+
+    let v2 = bundle(&env, 2);
+    let (status, body) = env.put_with(&v2, "", &[("X-Haptic-Epoch", "4")]);
+    assert_eq!(status, 412, "{body:#}");
+    assert_eq!(body["error"], "stale_epoch");
+    assert_eq!(body["highest_epoch"], 5);
+
+    let wrong = "0".repeat(64);
+    let (status, body) = env.put_with(&v2, "", &[("X-Haptic-Epoch", "5"), ("If-Match", &wrong)]);
+    assert_eq!(status, 409, "{body:#}");
+    assert_eq!(body["current_bundle"], v1.hash().as_str());
+
+    let (status, body) = env.put_with(&v2, "?dry_run=1", &[("If-Match", v1.hash().as_str())]);
+    assert_eq!(
+        (status, body["dry_run"].as_bool(), body["result"].as_str()),
+        (200, Some(true), Some("reload")),
+        "{body:#}"
+    );
+    assert_eq!(
+        env.state()["bundle"],
+        v1.hash().as_str(),
+        "a dry run changes nothing"
+    );
+
+    let (status, body) = env.put_with(
+        &v2,
+        "",
+        &[
+            ("X-Haptic-Epoch", "6"),
+            ("If-Match", &format!("\"{}\"", v1.hash())),
+        ],
+    );
+    assert_eq!(status, 200, "{body:#}");
+    // The same bundle again (say, a retry after a lost reply with the old base) is a no-op.
+    let (status, body) = env.put_with(
+        &v2,
+        "",
+        &[("X-Haptic-Epoch", "6"), ("If-Match", v1.hash().as_str())],
+    );
+    assert_eq!(
+        (status, body["result"].as_str()),
+        (200, Some("no_change")),
+        "{body:#}"
+    );
+    assert_eq!(env.state()["leader_epoch"], 6);
+
+    // Concurrent PUTs: while one apply runs (state says busy), a second one gets 423.
+    let mut variant = 3;
+    let refused = loop {
+        assert!(variant < 13, "never caught an apply in flight");
+        let slow = bundle(&env, variant);
+        let url_env = (
+            env.client.clone(),
+            env.url("/v1/bundle"),
+            serde_json::to_vec(&slow.to_wire()).unwrap(),
+        );
+        let first = std::thread::spawn(move || {
+            let (client, url, body) = url_env;
+            client
+                .put(&url)
+                .send(&body[..])
+                .map(|r| r.status().as_u16())
+        });
+        let caught = wait_for(
+            "the first apply to finish or be seen busy",
+            Duration::from_secs(30),
+            || {
+                if env.state()["busy"] == true {
+                    Some(true)
+                } else if first.is_finished() {
+                    Some(false)
+                } else {
+                    None
+                }
+            },
+        );
+        let second = caught.then(|| env.put(&bundle(&env, variant + 100)));
+        assert_eq!(first.join().unwrap().expect("first PUT"), 200);
+        variant += 1;
+        if let Some(r) = second {
+            break r;
+        }
+    };
+    assert_eq!(refused.0, 423, "{:#}", refused.1);
+    assert_eq!(refused.1["error"], "busy");
+}
+
+#[test]
+fn agent_killed_mid_apply_recovers_consistently() {
+    let mut env = Env::start(Options::default());
+    let v1 = bundle(&env, 1);
+    env.apply(&v1, "reload");
+    let pid = env.worker_pid();
+    let cfg_v1 = env.disk("haproxy.cfg").unwrap();
+
+    // Killed after staging and checking, before haproxy.cfg was replaced: rolled back at start.
+    let mut v2 = bundle(&env, 2);
+    v2.files
+        .push(file(FileKind::General, "general/new.txt", "new\n"));
+    let v2 = Bundle::new(v2.haproxy_cfg, v2.files);
+    env.stop_agent();
+    env.start_agent(&[("HAPTIC_AGENT_FAULT", "after-stage")]);
+    let body = serde_json::to_vec(&v2.to_wire()).unwrap();
+    assert!(
+        env.client
+            .put(&env.url("/v1/bundle"))
+            .send(&body[..])
+            .is_err(),
+        "the agent dies mid-apply"
+    );
+    assert_eq!(
+        env.agent
+            .as_mut()
+            .unwrap()
+            .wait_exit(Duration::from_secs(10)),
+        86
+    );
+    assert!(
+        env.disk("general/new.txt").is_some(),
+        "the crash left a half-applied bundle behind"
+    );
+    env.agent = None;
+    env.start_agent(&[]);
+    let state = env.state();
+    assert_eq!(state["bundle"], v1.hash().as_str(), "{state:#}");
+    assert_eq!(state["drift"]["config_ok"], true);
+    assert_eq!(state["drift"]["files_ok"], true);
+    assert_eq!(env.disk("haproxy.cfg").unwrap(), cfg_v1);
+    assert_eq!(env.disk("maps/host.map").unwrap(), "v1.example be_a\n");
+    assert!(env.disk("general/new.txt").is_none());
+    assert!(!env.cfg_dir.join(".haptic/journal.json").exists());
+    assert_eq!(env.worker_pid(), pid);
+
+    // Killed after haproxy.cfg was replaced, before HAProxy was told: finished at start.
+    env.stop_agent();
+    env.start_agent(&[("HAPTIC_AGENT_FAULT", "after-commit")]);
+    assert!(env
+        .client
+        .put(&env.url("/v1/bundle"))
+        .send(&body[..])
+        .is_err());
+    assert_eq!(
+        env.agent
+            .as_mut()
+            .unwrap()
+            .wait_exit(Duration::from_secs(10)),
+        86
+    );
+    env.agent = None;
+    env.start_agent(&[]);
+    let state = env.state();
+    assert_eq!(state["bundle"], v2.hash().as_str(), "{state:#}");
+    assert_eq!(state["last_apply"]["result"], "reload");
+    assert_ne!(
+        env.worker_pid(),
+        pid,
+        "the interrupted apply was finished with a reload"
+    );
+    assert_eq!(http_get(env.fe_port, "x.example").unwrap(), "v2");
+    assert_eq!(env.put(&v2).1["result"], "no_change");
+}
+
+#[test]
+fn haproxy_restarted_with_the_bootstrap_config_reports_bootstrap() {
+    let mut env = Env::start(Options::default());
+    let v1 = bundle(&env, 1);
+    env.apply(&v1, "reload");
+    assert_eq!(env.state()["mode"], "applied");
+
+    // What the HAProxy container does on every start: copy the bootstrap config, start afresh.
+    env.stop_haproxy();
+    std::fs::copy(
+        env.cfg_dir.join("bootstrap.cfg"),
+        env.cfg_dir.join("haproxy.cfg"),
+    )
+    .unwrap();
+    env.start_haproxy();
+    let state = env.state();
+    assert_eq!(state["mode"], "bootstrap", "{state:#}");
+    assert!(state["bundle"].is_null());
+    assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 503);
+    assert_eq!(http_get(env.fe_port, "x.example").unwrap(), "bootstrap");
+
+    // A base other than `*` cannot match; a takeover push re-applies the bundle.
+    let (status, _) = env.put_with(&v1, "", &[("If-Match", v1.hash().as_str())]);
+    assert_eq!(status, 409);
+    let (status, body) = env.put_with(&v1, "", &[("If-Match", "*")]);
+    assert_eq!(
+        (status, body["result"].as_str()),
+        (200, Some("reload")),
+        "{body:#}"
+    );
+    assert_eq!(env.state()["mode"], "applied");
+    assert_eq!(http_get(env.fe_port, "x.example").unwrap(), "v1");
+    assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 200);
+}
