@@ -305,8 +305,66 @@ fn unindexable_fixtures_are_reported_and_skipped() {
         "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: orphan, namespace: demo}\nendpoints: []\n",
     )
     .unwrap();
-    let out = haptic(&["render", "-f", EXAMPLE, "--fixtures", "examples/fixtures", "--fixtures", fixtures.to_str().unwrap(), "-o", dir.0.join("o").to_str().unwrap()]);
+    let out = haptic(&[
+        "render",
+        "-f",
+        EXAMPLE,
+        "--fixtures",
+        "examples/fixtures",
+        "--fixtures",
+        fixtures.to_str().unwrap(),
+        "-o",
+        dir.0.join("o").to_str().unwrap(),
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("skipping fixture endpoints: object demo/orphan has no scalar value at indexBy expression"), "{stderr}");
+}
+
+#[test]
+fn fixtures_layout_and_haproxy_pods_from_manifests() {
+    let dir = TempDir::new("layout");
+    let config = dir.0.join("pods.yaml");
+    std::fs::write(
+        &config,
+        "podSelector: {matchLabels: {app: haproxy}}\n\
+         watchedResources:\n  services: {apiVersion: v1, resources: services, indexBy: [metadata.namespace, metadata.name]}\n\
+         haproxyConfig:\n  template: |\n    pods={{ controller.haproxy_pods.list() | map(attribute='metadata.name') | join(',') }}\n    \
+         services={{ resources.services.list() | map(attribute='metadata.name') | join(',') }}\n",
+    )
+    .unwrap();
+    let layout = dir.0.join("layout.yaml");
+    std::fs::write(
+        &layout,
+        "fixtures:\n  services:\n    - metadata: {name: from-layout, namespace: a}\n",
+    )
+    .unwrap();
+    let manifests = dir.0.join("manifests.yaml");
+    std::fs::write(
+        &manifests,
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: haproxy-0, namespace: ingress, labels: {app: haproxy}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: other, namespace: ingress, labels: {app: web}}\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: from-manifest, namespace: a}\n",
+    )
+    .unwrap();
+    let outdir = dir.0.join("out");
+    let out = haptic(&[
+        "render",
+        "-f",
+        config.to_str().unwrap(),
+        "--fixtures",
+        layout.to_str().unwrap(),
+        "--fixtures",
+        manifests.to_str().unwrap(),
+        "-o",
+        outdir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let cfg = std::fs::read_to_string(outdir.join("haproxy.cfg")).unwrap();
+    assert_eq!(cfg, "pods=haproxy-0\nservices=from-layout,from-manifest\n");
+    assert!(
+        text(&out.stderr).contains("skipping Pod ingress/other"),
+        "{}",
+        text(&out.stderr)
+    );
 }

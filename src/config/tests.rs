@@ -174,7 +174,10 @@ fn merge_maps_by_key_replaces_lists_and_null_deletes() {
 #[test]
 fn multi_document_files_merge_in_order() {
     let text = "podSelector: {matchLabels: {a: b}}\n---\npodSelector: {matchLabels: {c: d}}\n---\n";
-    let mut merged = ConfigDocument { metadata: None, spec: json!({}) };
+    let mut merged = ConfigDocument {
+        metadata: None,
+        spec: json!({}),
+    };
     for fragment in parse_fragments(text, "x").unwrap() {
         merged.merge(fragment);
     }

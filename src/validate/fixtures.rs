@@ -65,10 +65,7 @@ pub fn build_stores(
 /// Places manifest objects under the watched resource whose apiVersion and plural resource
 /// match their apiVersion and kind. Returns the placement and one warning per object that
 /// matches nothing (manifest directories hold all sorts of objects).
-pub fn place_manifests(
-    spec: &Spec,
-    objects: Vec<Value>,
-) -> (Placement, Vec<String>) {
+pub fn place_manifests(spec: &Spec, objects: Vec<Value>) -> (Placement, Vec<String>) {
     let mut placed: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     let mut warnings = Vec::new();
     for object in objects {
@@ -96,6 +93,18 @@ pub fn place_manifests(
             .and_then(Value::as_str)
             .unwrap_or_default();
         let plural = plural_of(kind);
+        // Pods the podSelector picks are the HAProxy pods (`controller.haproxy_pods`).
+        let pod_selector = LabelSelector::from_match_labels(&spec.pod_selector.match_labels);
+        if api_version == "v1"
+            && kind == "Pod"
+            && !pod_selector.is_empty()
+            && pod_selector.matches(&object)
+        {
+            placed
+                .entry(HAPROXY_PODS.to_string())
+                .or_default()
+                .push(object.clone());
+        }
         let target = spec
             .watched_resources
             .iter()
@@ -103,6 +112,10 @@ pub fn place_manifests(
             .map(|(name, _)| name.clone());
         match target {
             Some(name) => placed.entry(name).or_default().push(object),
+            None if kind == "Pod"
+                && placed
+                    .get(HAPROXY_PODS)
+                    .is_some_and(|p| p.last() == Some(&object)) => {}
             None => {
                 let name = object
                     .pointer("/metadata/name")

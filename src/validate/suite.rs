@@ -222,7 +222,11 @@ fn run_test(
     };
     // In a test, a fixture that cannot be stored is a mistake in the test: report it as such.
     let (stores, skipped) = build_stores(spec, fixtures);
-    let stores = if skipped.is_empty() { Ok(stores) } else { Err(format!("fixtures not stored: {}", skipped.join("; "))) };
+    let stores = if skipped.is_empty() {
+        Ok(stores)
+    } else {
+        Err(format!("fixtures not stored: {}", skipped.join("; ")))
+    };
     let inputs = match stores {
         Ok(stores) => RenderInputs {
             stores,
