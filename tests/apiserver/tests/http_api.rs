@@ -332,6 +332,17 @@ fn faults_fail_delay_close_and_pause() {
     let (_, out) = server.call("POST", "/_dev/faults", Some(&json!({"closeWatches": true})));
     assert!(out["closedWatches"].as_u64() >= Some(1));
     assert!(watch.next().is_none());
+    let watch = server.stream(&format!("{CMS}?watch=1"));
+    wait_for("second watch registered", || {
+        (server.call("GET", "/_dev/state", None).1["watches"].as_u64() >= Some(1)).then_some(())
+    });
+    let (_, out) = server.call(
+        "POST",
+        "/_dev/faults",
+        Some(&json!({"closeWatches": "abrupt"})),
+    );
+    assert!(out["closedWatches"].as_u64() >= Some(1));
+    assert!(watch.next().is_none(), "an abruptly closed stream ends too");
 
     // Paused types hold events back until resumed; nothing is lost.
     let (_, l) = server.call("GET", CMS, None);
