@@ -292,6 +292,7 @@ fn watch_request(ctx: &Ctx, t: &Target, req: &Request) -> Result<Reply, ApiError
         bookmarks: matches!(req.param("allowWatchBookmarks"), Some("true" | "1")),
         timeout,
         initial_events_end: send_initial,
+        skip_through: 0,
     };
     let registration = ctx
         .store

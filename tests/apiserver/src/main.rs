@@ -21,6 +21,7 @@ mod kubeconfig;
 mod logger;
 mod objects;
 mod patch;
+mod protobuf;
 mod registry;
 mod seed;
 mod selectors;

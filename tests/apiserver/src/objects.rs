@@ -11,8 +11,16 @@ use crate::util::{name_suffix, new_uid, now_rfc3339};
 
 /// Parses a request body as JSON, or YAML when the content type says so.
 pub fn parse_body(body: &[u8], content_type: Option<&str>) -> Result<Value, ApiError> {
-    // Protobuf and CBOR bodies are refused with 415, on which client-go falls back to JSON.
-    if content_type.is_some_and(|c| c.contains("protobuf") || c.contains("cbor")) {
+    if content_type.is_some_and(|c| c.contains("protobuf")) {
+        return crate::protobuf::decode(body).map_err(|e| {
+            ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!("protobuf request body: {e}"),
+            )
+        });
+    }
+    if content_type.is_some_and(|c| c.contains("cbor")) {
         return Err(ApiError::new(
             415,
             "UnsupportedMediaType",

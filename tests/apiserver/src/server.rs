@@ -169,8 +169,8 @@ fn respond(conn: &mut Conn, ctx: &Ctx, req: &Request, client_cert: bool) -> io::
         Ok(Reply::Json(code, body)) => write_json(conn, code, &body).map(|_| true),
         Ok(Reply::Watch(_, Err(e))) if e.code == 410 => watch::send_error(conn, &e).map(|_| true),
         Ok(Reply::Watch(_, Err(e))) => write_error(conn, &e).map(|_| true),
-        Ok(Reply::Watch(opts, Ok(reg))) => {
-            watch::serve(conn, ctx, &opts, reg).map(|ended| matches!(ended, Ended::Clean))
+        Ok(Reply::Watch(mut opts, Ok(reg))) => {
+            watch::serve(conn, ctx, &mut opts, reg).map(|ended| matches!(ended, Ended::Clean))
         }
         Err(e) => {
             if e.code >= 500 {

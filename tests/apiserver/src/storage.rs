@@ -116,6 +116,9 @@ pub struct Registration {
     pub rx: Receiver<WatchMsg>,
     pub initial: Vec<Arc<Event>>,
     pub start_rv: u64,
+    /// Live events at or below this version are not for this watch (a start version newer
+    /// than the store's current one).
+    pub skip_through: u64,
 }
 
 pub const CRD_RESOURCE: &str = "customresourcedefinitions.apiextensions.k8s.io";
@@ -269,6 +272,10 @@ impl Store {
         start: WatchStart,
     ) -> Result<Registration, ApiError> {
         let mut inner = self.lock();
+        let skip_through = match start {
+            WatchStart::After(rv) => rv,
+            WatchStart::Current => 0,
+        };
         let initial: Vec<Arc<Event>> = match start {
             WatchStart::Current => {
                 let start_key = (
@@ -329,6 +336,7 @@ impl Store {
             rx,
             initial,
             start_rv: inner.rv,
+            skip_through,
         })
     }
 

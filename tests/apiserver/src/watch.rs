@@ -27,6 +27,8 @@ pub struct WatchOptions {
     pub timeout: Duration,
     /// `sendInitialEvents=true`: mark the end of the initial state with an annotated bookmark.
     pub initial_events_end: bool,
+    /// Events at or below this version are not sent (set from the registration).
+    pub skip_through: u64,
 }
 
 /// How the watch ended, which decides whether the connection can serve another request.
@@ -47,9 +49,11 @@ pub fn send_error(conn: &mut Conn, err: &ApiError) -> io::Result<()> {
 pub fn serve(
     conn: &mut Conn,
     ctx: &Ctx,
-    opts: &WatchOptions,
+    opts: &mut WatchOptions,
     reg: Registration,
 ) -> io::Result<Ended> {
+    opts.skip_through = reg.skip_through;
+    let opts = &*opts;
     struct Unregister<'a>(&'a Ctx, u64);
     impl Drop for Unregister<'_> {
         fn drop(&mut self) {
@@ -170,6 +174,9 @@ fn visible_type(opts: &WatchOptions, event: &Event) -> Option<EventType> {
 }
 
 fn send_event(conn: &mut Conn, opts: &WatchOptions, event: &Event) -> io::Result<()> {
+    if event.rv <= opts.skip_through {
+        return Ok(());
+    }
     let Some(kind) = visible_type(opts, event) else {
         return Ok(());
     };
