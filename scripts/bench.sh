@@ -4,6 +4,8 @@
 #   scripts/bench.sh            every benchmark
 #   scripts/bench.sh render     render time and peak memory of the example config with 1,000
 #                               and 10,000 generated routed Services (+ EndpointSlices)
+#   scripts/bench.sh agent      agent apply latency, runtime- and reload-class changes, on a
+#                               1,000-backend config (scripts/bench-agent.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -42,7 +44,7 @@ endpoints:
   - addresses: ["10.{(i + 1) // 65536 % 256}.{(i + 1) // 256 % 256}.{(i + 1) % 256}"]""")
 PY
     local out
-    out=$( { /usr/bin/time -f "peak_rss_kb=%M wall_s=%e" target/release/haptic render -f examples/haproxy-template-config.yaml \
+    out=$( { /usr/bin/time -f "peak_rss_kb=%M wall_s=%e" "${CARGO_TARGET_DIR:-target}/release/haptic" render -f examples/haproxy-template-config.yaml \
       --fixtures "$work/objects-$n.yaml" -o "$work/out-$n" --timings >/dev/null; } 2>&1 )
     echo "render n=$n $(echo "$out" | grep -o 'objects=.*') $(echo "$out" | grep -o 'peak_rss_kb=.*')"
   done
@@ -51,6 +53,7 @@ PY
 
 case "$which" in
   render) bench_render ;;
-  all) bench_render ;;
-  *) echo "unknown benchmark $which (render, all)" >&2; exit 2 ;;
+  agent) scripts/bench-agent.sh ;;
+  all) bench_render; scripts/bench-agent.sh ;;
+  *) echo "unknown benchmark $which (render, agent, all)" >&2; exit 2 ;;
 esac

@@ -18,7 +18,7 @@ check=false
 ensure_packages haproxy:haproxy curl:curl ss:iproute2 python3:python3
 echo "==> building haptic"
 cargo build --quiet --bin haptic
-haptic=target/debug/haptic
+haptic="${CARGO_TARGET_DIR:-target}/debug/haptic"
 
 work=$(mktemp -d /tmp/haptic-demo.XXXXXX)
 pids=()
