@@ -228,3 +228,40 @@ fn haproxy_restarted_with_the_bootstrap_config_reports_bootstrap() {
     assert_eq!(http_get(env.fe_port, "x.example").unwrap(), "v1");
     assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 200);
 }
+
+#[test]
+fn init_writes_the_bootstrap_config_and_keeps_the_epoch() {
+    let env = Env::start(Options::default());
+    let v1 = bundle(&env, 1);
+    let (status, _) = env.put_with(&v1, "", &[("X-Haptic-Epoch", "9")]);
+    assert_eq!(status, 200);
+    let dir = temp_dir("init");
+    std::fs::create_dir_all(dir.join(".haptic")).unwrap();
+    std::fs::copy(
+        env.cfg_dir.join(".haptic/state.json"),
+        dir.join(".haptic/state.json"),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
+        .arg("init")
+        .arg("--bootstrap")
+        .arg(env.cfg_dir.join("bootstrap.cfg"))
+        .arg("--config-dir")
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("haproxy.cfg")).unwrap(),
+        env.bootstrap_cfg()
+    );
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join(".haptic/state.json")).unwrap()).unwrap();
+    assert!(state["bundle"].is_null());
+    assert_eq!(state["leader_epoch"], 9);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -410,3 +410,80 @@ fn reload_failure_rolls_back_and_the_old_worker_keeps_serving() {
     assert_ne!(env.worker_pid(), pid);
     assert_eq!(http_get(env.fe_port, "z.example").unwrap(), "b1");
 }
+
+#[test]
+fn stale_files_are_deleted_even_when_a_kind_becomes_empty() {
+    let env = Env::start(Options::default());
+    let (a1, b1) = (backend("a1"), backend("b1"));
+    let cfg = config(
+        &env,
+        &[format!("server SRV_1 127.0.0.1:{a1} enabled")],
+        b1,
+        "",
+    );
+    std::fs::create_dir_all(env.cfg_dir.join("general")).unwrap();
+    std::fs::write(env.cfg_dir.join("general/not-ours.txt"), "keep").unwrap();
+    let v1 = Bundle::new(
+        cfg.clone(),
+        vec![
+            file(FileKind::Map, "maps/host.map", ""),
+            file(FileKind::Map, "maps/old.map", "k v\n"),
+            file(FileKind::General, "general/a.http", "a"),
+            file(FileKind::General, "general/b.http", "b"),
+        ],
+    );
+    env.apply(&v1, "reload");
+    assert_eq!(env.disk("general/a.http").as_deref(), Some("a"));
+
+    // No general files at all any more, one map fewer: unreferenced files, so no reload.
+    let v2 = bundle(cfg, "");
+    env.apply(&v2, "runtime");
+    assert!(env.disk("general/a.http").is_none());
+    assert!(env.disk("general/b.http").is_none());
+    assert!(env.disk("maps/old.map").is_none());
+    assert_eq!(
+        env.disk("general/not-ours.txt").as_deref(),
+        Some("keep"),
+        "files the agent did not write stay"
+    );
+    let state = env.state();
+    assert_eq!(state["files"].as_object().unwrap().len(), 1, "{state:#}");
+}
+
+#[test]
+fn refused_runtime_command_falls_back_to_a_reload_with_the_new_files() {
+    let env = Env::start(Options::default());
+    let (a1, b1) = (backend("a1"), backend("b1"));
+    // static-rr only accepts weights 0% and 100% at runtime, so `set server … weight 20` fails.
+    let cfg = |w: u32| {
+        config(
+            &env,
+            &[format!("server SRV_1 127.0.0.1:{a1} enabled weight {w}")],
+            b1,
+            "",
+        )
+        .replace("balance roundrobin", "balance static-rr")
+    };
+    env.apply(&bundle(cfg(10), ""), "reload");
+    let pid = env.worker_pid();
+    let reply = env.apply(&bundle(cfg(20), ""), "reload");
+    assert_eq!(
+        reply["commands"],
+        serde_json::json!(["set server be_a/SRV_1 weight 20"])
+    );
+    assert!(
+        reply["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "runtime_failed"),
+        "{reply:#}"
+    );
+    assert!(
+        reply["warnings"][0].as_str().unwrap().contains("static"),
+        "{reply:#}"
+    );
+    assert_ne!(env.worker_pid(), pid, "converged by reloading");
+    assert!(env.runtime("get weight be_a/SRV_1").starts_with("20 "));
+    assert_eq!(http_get(env.fe_port, "a.example").unwrap(), "a1");
+}

@@ -172,6 +172,7 @@ fn insecure_basic_auth_mode_requires_the_credentials() {
     let _guard = Proc {
         child,
         name: "basic-auth agent",
+        group: false,
     };
     wait_for("basic-auth agent", Duration::from_secs(10), || {
         probe(probes, "/healthz").ok()
@@ -204,4 +205,72 @@ fn insecure_basic_auth_mode_requires_the_credentials() {
             .as_u16(),
         200
     );
+}
+
+#[test]
+fn rotated_tls_files_are_picked_up_without_a_restart() {
+    let env = Env::start(Options::default());
+    let tls = env.root.join("tls");
+    std::fs::create_dir_all(&tls).unwrap();
+    let install = |from: &std::path::Path| {
+        for name in ["agent.crt", "agent.key", "ca.crt"] {
+            // Replace by rename, as a Secret volume update does.
+            std::fs::copy(from.join(name), tls.join(format!("{name}.new"))).unwrap();
+            std::fs::rename(tls.join(format!("{name}.new")), tls.join(name)).unwrap();
+        }
+    };
+    install(&certs().dir);
+    let (api, probes) = (free_port(), free_port());
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
+        .arg("serve")
+        .arg("--config-dir")
+        .arg(&env.cfg_dir)
+        .arg("--master-socket")
+        .arg(&env.master)
+        .args([
+            "--haproxy-bin",
+            HAPROXY,
+            "--listen",
+            &format!("127.0.0.1:{api}"),
+            "--probe-listen",
+            &format!("127.0.0.1:{probes}"),
+        ])
+        .arg("--tls-cert")
+        .arg(tls.join("agent.crt"))
+        .arg("--tls-key")
+        .arg(tls.join("agent.key"))
+        .arg("--client-ca")
+        .arg(tls.join("ca.crt"))
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start agent");
+    let _guard = Proc {
+        child,
+        name: "rotating agent",
+        group: false,
+    };
+    wait_for("rotating agent", Duration::from_secs(10), || {
+        probe(probes, "/healthz").ok()
+    });
+    let url = format!("https://127.0.0.1:{api}/v1/state");
+    let status = |c: ClientCert| client(c).get(&url).call().map(|r| r.status().as_u16()).ok();
+    assert_eq!(status(ClientCert::Valid), Some(200));
+    assert_eq!(status(ClientCert::OtherSet), None);
+
+    install(&certs().other);
+    wait_for(
+        "the rotated certificates to be used",
+        Duration::from_secs(10),
+        || (status(ClientCert::OtherSet) == Some(200)).then_some(()),
+    );
+    assert_eq!(
+        status(ClientCert::Valid),
+        None,
+        "the old CA is no longer trusted"
+    );
+
+    // A broken rotation keeps the working configuration.
+    std::fs::write(tls.join("agent.key"), "garbage").unwrap();
+    assert_eq!(status(ClientCert::OtherSet), Some(200));
 }

@@ -10,6 +10,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -135,10 +136,12 @@ pub fn served_subject(port: u16, sni: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// A child process killed on drop.
+/// A child process killed on drop. HAProxy runs in its own process group so its workers (and a
+/// master that re-executed itself) are killed with it.
 pub struct Proc {
     pub child: Child,
     pub name: &'static str,
+    pub group: bool,
 }
 
 impl Proc {
@@ -146,21 +149,24 @@ impl Proc {
         self.child.id() as i32
     }
 
-    /// SIGTERM, wait up to 5 s, then SIGKILL.
+    /// SIGTERM, wait up to 5 s, then SIGKILL (to the whole group for HAProxy).
     pub fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
+        let target = if self.group { -self.pid() } else { self.pid() };
+        if self.child.try_wait().ok().flatten().is_none() {
+            // SAFETY: plain kill(2) on a pid (or our own child's process group).
+            unsafe { libc::kill(target, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && self.child.try_wait().ok().flatten().is_none() {
+                std::thread::sleep(Duration::from_millis(10));
             }
-            std::thread::sleep(Duration::from_millis(10));
+            let _ = self.child.kill();
+            let _ = self.child.wait();
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if self.group {
+            // Stragglers (workers still draining) go too; ESRCH when none are left.
+            // SAFETY: as above.
+            unsafe { libc::kill(target, libc::SIGKILL) };
+        }
     }
 
     /// Waits for the process to exit on its own (for fault-injected agents).
@@ -237,6 +243,8 @@ pub enum ClientCert {
     None,
     Foreign,
     Expired,
+    /// The certificate set of the second CA, trusting that CA as the server's issuer too.
+    OtherSet,
 }
 
 pub fn client(cert: ClientCert) -> ureq::Agent {
@@ -244,7 +252,12 @@ pub fn client(cert: ClientCert) -> ureq::Agent {
     let c = certs();
     let read =
         |p: PathBuf| std::fs::read(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
-    let ca = Certificate::from_pem(&read(c.dir.join("ca.crt"))).unwrap();
+    let ca_dir = if matches!(cert, ClientCert::OtherSet) {
+        &c.other
+    } else {
+        &c.dir
+    };
+    let ca = Certificate::from_pem(&read(ca_dir.join("ca.crt"))).unwrap();
     let pair = |dir: &Path, crt: &str| {
         let cert = Certificate::from_pem(&read(dir.join(crt))).unwrap();
         let key = PrivateKey::from_pem(&read(dir.join("controller.key"))).unwrap();
@@ -255,6 +268,7 @@ pub fn client(cert: ClientCert) -> ureq::Agent {
         ClientCert::None => None,
         ClientCert::Foreign => pair(&c.other, "controller.crt"),
         ClientCert::Expired => pair(&c.dir, "controller-expired.crt"),
+        ClientCert::OtherSet => pair(&c.other, "controller.crt"),
     };
     let tls = TlsConfig::builder()
         .root_certs(RootCerts::new_with_certs(&[ca]))
@@ -356,6 +370,7 @@ impl Env {
             .arg("-f")
             .arg(self.cfg_dir.join("haproxy.cfg"))
             .current_dir(&self.cfg_dir)
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -364,6 +379,7 @@ impl Env {
         self.haproxy = Some(Proc {
             child,
             name: "haproxy",
+            group: true,
         });
         wait_for(
             "HAProxy master socket with a worker",
@@ -421,6 +437,7 @@ impl Env {
         self.agent = Some(Proc {
             child: cmd.spawn().expect("start haptic-agent"),
             name: "haptic-agent",
+            group: false,
         });
         let port = self.probe_port;
         wait_for("agent /healthz", Duration::from_secs(10), || {
