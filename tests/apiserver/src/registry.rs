@@ -135,6 +135,70 @@ const BUILTINS: &[Builtin] = &[
         &[],
         false,
     ),
+    // What the Helm chart installs (the chart test applies it here).
+    (
+        "apps",
+        "v1",
+        "deployments",
+        "Deployment",
+        true,
+        &["deploy"],
+        true,
+    ),
+    (
+        "policy",
+        "v1",
+        "poddisruptionbudgets",
+        "PodDisruptionBudget",
+        true,
+        &["pdb"],
+        true,
+    ),
+    (
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "NetworkPolicy",
+        true,
+        &["netpol"],
+        false,
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterroles",
+        "ClusterRole",
+        false,
+        &[],
+        false,
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        false,
+        &[],
+        false,
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "roles",
+        "Role",
+        true,
+        &[],
+        false,
+    ),
+    (
+        "rbac.authorization.k8s.io",
+        "v1",
+        "rolebindings",
+        "RoleBinding",
+        true,
+        &[],
+        false,
+    ),
 ];
 
 impl Registry {
@@ -144,7 +208,7 @@ impl Registry {
             .iter()
             .map(
                 |(group, version, plural, kind, namespaced, short, status)| {
-                    let categories = if matches!(*plural, "pods" | "services") {
+                    let categories = if matches!(*plural, "pods" | "services" | "deployments") {
                         vec!["all".to_string()]
                     } else {
                         vec![]
@@ -312,6 +376,28 @@ pub fn crd_type(crd: &Value) -> Result<ResourceType, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn chart_kinds_are_built_in() {
+        let reg = Registry::builtin();
+        for (group, plural, namespaced) in [
+            ("apps", "deployments", true),
+            ("policy", "poddisruptionbudgets", true),
+            ("networking.k8s.io", "networkpolicies", true),
+            ("rbac.authorization.k8s.io", "clusterroles", false),
+            ("rbac.authorization.k8s.io", "clusterrolebindings", false),
+            ("rbac.authorization.k8s.io", "roles", true),
+            ("rbac.authorization.k8s.io", "rolebindings", true),
+        ] {
+            let t = reg.find(group, "v1", plural).expect(plural);
+            assert_eq!(t.namespaced, namespaced, "{plural}");
+        }
+        assert!(
+            reg.find("apps", "v1", "deployments")
+                .unwrap()
+                .status_subresource
+        );
+    }
 
     #[test]
     fn crd_defines_a_type() {
