@@ -1,5 +1,8 @@
-//! Kubernetes API access. So far: where the API server is and how to authenticate
-//! ([`config`]). The client, list-watch reflectors and Lease election are tracked in the
-//! Kubernetes-access issue.
+//! Kubernetes API access: configuration ([`config`]), a blocking client for the verbs the
+//! controller uses ([`client`]), list-watch reflectors that keep stores equal to the server
+//! ([`reflector`]), and Lease leader election ([`lease`]).
 
+pub mod client;
 pub mod config;
+pub mod lease;
+pub mod reflector;

@@ -1,0 +1,341 @@
+//! Leader election with a `coordination.k8s.io/v1` Lease.
+//!
+//! Expiry is judged from the LOCAL time at which the current holder's renewal was last observed
+//! (a changed `renewTime` or holder), never from timestamps in the object, because clocks differ
+//! between nodes. Writes carry the observed `resourceVersion`, so of two candidates racing for
+//! an expired lease exactly one wins (the other gets 409). A leader that cannot renew within
+//! `renew_deadline` steps down before its lease can expire elsewhere; on shutdown it clears the
+//! holder so a standby takes over within one retry period.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_channel::Sender;
+use serde_json::{json, Value};
+
+use super::client::{Client, KubeError, ResourceRef};
+
+#[derive(Debug, Clone)]
+pub struct LeaseConfig {
+    pub namespace: String,
+    pub name: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+    pub renew_deadline: Duration,
+    pub retry_period: Duration,
+}
+
+/// Leadership changes, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaderEvent {
+    /// This replica leads. `epoch` is the Lease's `leaseTransitions` after acquiring: it grows
+    /// with every change of leader, so agents can refuse a stale leader's pushes.
+    Started {
+        epoch: u64,
+    },
+    Stopped,
+}
+
+/// Whether this replica may act as leader right now. Leadership is valid until
+/// `renew_deadline` after the start of the last successful renewal, so a leader whose API
+/// server stops answering stops acting on time even while a request hangs.
+#[derive(Debug, Default)]
+pub struct Leadership {
+    state: std::sync::Mutex<Option<(Instant, u64)>>,
+}
+
+impl Leadership {
+    pub fn is_leader(&self) -> bool {
+        self.epoch().is_some()
+    }
+
+    /// The epoch while leading.
+    pub fn epoch(&self) -> Option<u64> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state.and_then(|(until, epoch)| (Instant::now() < until).then_some(epoch))
+    }
+
+    fn set(&self, value: Option<(Instant, u64)>) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = value;
+    }
+}
+
+pub fn lease_resource() -> ResourceRef {
+    ResourceRef::new("coordination.k8s.io/v1", "leases", true)
+}
+
+/// RFC 3339 with microseconds (`MicroTime`), in UTC.
+fn micro_time(t: SystemTime) -> String {
+    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = d.as_secs() as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_micros()
+    )
+}
+
+/// What was last seen of the Lease, and when (local clock).
+struct Observation {
+    holder: String,
+    renew_time: String,
+    seen_at: Instant,
+}
+
+pub struct Elector {
+    client: Client,
+    leadership: Arc<Leadership>,
+    config: LeaseConfig,
+    events: Sender<LeaderEvent>,
+    stop: Arc<AtomicBool>,
+    observed: Option<Observation>,
+    leading: bool,
+    last_renew: Instant,
+    /// Leadership changes this replica took part in (for metrics).
+    pub transitions: u64,
+}
+
+enum Attempt {
+    Leading { epoch: u64 },
+    Following,
+}
+
+impl Elector {
+    pub fn new(
+        client: Client,
+        config: LeaseConfig,
+        events: Sender<LeaderEvent>,
+        stop: Arc<AtomicBool>,
+    ) -> Elector {
+        // Each lease call is bounded so one attempt (get + update) fits in the renew deadline.
+        let timeout = config
+            .retry_period
+            .clamp(Duration::from_millis(500), Duration::from_secs(5));
+        let client = client.with_timeout(timeout);
+        Elector {
+            client,
+            leadership: Arc::default(),
+            config,
+            events,
+            stop,
+            observed: None,
+            leading: false,
+            last_renew: Instant::now(),
+            transitions: 0,
+        }
+    }
+
+    /// The view other threads consult before acting as leader.
+    pub fn leadership(&self) -> Arc<Leadership> {
+        self.leadership.clone()
+    }
+
+    fn spec(&self, now: SystemTime, acquire: Option<SystemTime>, transitions: u64) -> Value {
+        let mut spec = json!({
+            "holderIdentity": self.config.identity,
+            "leaseDurationSeconds": self.config.lease_duration.as_secs().max(1),
+            "renewTime": micro_time(now),
+            "leaseTransitions": transitions,
+        });
+        if let Some(t) = acquire {
+            spec["acquireTime"] = json!(micro_time(t));
+        }
+        spec
+    }
+
+    fn try_acquire_or_renew(&mut self) -> Result<Attempt, KubeError> {
+        let res = lease_resource();
+        let ns = Some(self.config.namespace.as_str());
+        let now = SystemTime::now();
+        let lease = match self.client.get(&res, ns, &self.config.name) {
+            Ok(lease) => lease,
+            Err(e) if e.is_not_found() => {
+                let object = json!({
+                    "apiVersion": "coordination.k8s.io/v1",
+                    "kind": "Lease",
+                    "metadata": {"name": self.config.name, "namespace": self.config.namespace},
+                    "spec": self.spec(now, Some(now), 0),
+                });
+                return match self.client.create(&res, ns, &object) {
+                    Ok(_) => Ok(Attempt::Leading { epoch: 0 }),
+                    Err(e) if e.is_conflict() => Ok(Attempt::Following),
+                    Err(e) => Err(e),
+                };
+            }
+            Err(e) => return Err(e),
+        };
+        let spec = lease.get("spec").cloned().unwrap_or(Value::Null);
+        let holder = spec
+            .get("holderIdentity")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let renew_time = spec
+            .get("renewTime")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let duration = spec
+            .get("leaseDurationSeconds")
+            .and_then(Value::as_u64)
+            .map(Duration::from_secs)
+            .unwrap_or(self.config.lease_duration);
+        let transitions = spec
+            .get("leaseTransitions")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let changed = self
+            .observed
+            .as_ref()
+            .is_none_or(|o| o.holder != holder || o.renew_time != renew_time);
+        if changed {
+            self.observed = Some(Observation {
+                holder: holder.clone(),
+                renew_time,
+                seen_at: Instant::now(),
+            });
+        }
+        let seen_at = self
+            .observed
+            .as_ref()
+            .map(|o| o.seen_at)
+            .unwrap_or_else(Instant::now);
+        let mine = holder == self.config.identity;
+        if !mine && !holder.is_empty() && seen_at.elapsed() < duration {
+            return Ok(Attempt::Following);
+        }
+        let (transitions, acquire) = if mine {
+            (transitions, None)
+        } else {
+            (transitions + 1, Some(now))
+        };
+        let mut updated = lease.clone();
+        let mut new_spec = self.spec(now, acquire, transitions);
+        if mine {
+            if let Some(t) = spec.get("acquireTime") {
+                new_spec["acquireTime"] = t.clone();
+            }
+        }
+        updated["spec"] = new_spec;
+        match self.client.update(&res, ns, &self.config.name, &updated) {
+            Ok(_) => Ok(Attempt::Leading { epoch: transitions }),
+            Err(e) if e.is_conflict() => Ok(Attempt::Following),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn set_leading(&mut self, leading: bool, epoch: u64) {
+        if leading == self.leading {
+            return;
+        }
+        self.leading = leading;
+        self.transitions += 1;
+        let event = if leading {
+            LeaderEvent::Started { epoch }
+        } else {
+            LeaderEvent::Stopped
+        };
+        log::info!(
+            "lease={} identity={} {}",
+            self.config.name,
+            self.config.identity,
+            if leading {
+                "leader gained"
+            } else {
+                "leader lost"
+            }
+        );
+        let _ = self.events.send(event);
+    }
+
+    /// Clears the holder so a standby can take over at once (graceful shutdown).
+    fn release(&mut self) {
+        let res = lease_resource();
+        let ns = Some(self.config.namespace.as_str());
+        if let Ok(mut lease) = self.client.get(&res, ns, &self.config.name) {
+            if lease
+                .pointer("/spec/holderIdentity")
+                .and_then(Value::as_str)
+                == Some(self.config.identity.as_str())
+            {
+                lease["spec"]["holderIdentity"] = json!("");
+                lease["spec"]["leaseDurationSeconds"] = json!(1);
+                match self.client.update(&res, ns, &self.config.name, &lease) {
+                    Ok(_) => log::info!("lease={} released", self.config.name),
+                    Err(e) => log::warn!("lease={} release failed: {e}", self.config.name),
+                }
+            }
+        }
+    }
+
+    /// Campaigns and renews until `stop` is set; then steps down and releases the Lease.
+    pub fn run(mut self) {
+        while !self.stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            match self.try_acquire_or_renew() {
+                Ok(Attempt::Leading { epoch }) => {
+                    self.last_renew = started;
+                    self.leadership
+                        .set(Some((started + self.config.renew_deadline, epoch)));
+                    self.set_leading(true, epoch);
+                }
+                Ok(Attempt::Following) => {
+                    self.leadership.set(None);
+                    self.set_leading(false, 0);
+                }
+                Err(e) => log::warn!("lease={} {e}", self.config.name),
+            }
+            // A leader that has not renewed within the deadline must stop acting: its lease
+            // may be taken by another replica once it expires.
+            if self.leading && self.last_renew.elapsed() >= self.config.renew_deadline {
+                log::warn!(
+                    "lease={} could not renew within {:?}; stepping down",
+                    self.config.name,
+                    self.config.renew_deadline
+                );
+                self.leadership.set(None);
+                self.set_leading(false, 0);
+            }
+            let wait = self.config.retry_period.saturating_sub(started.elapsed());
+            let deadline = Instant::now() + wait;
+            while !self.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if self.leading {
+            self.leadership.set(None);
+            self.set_leading(false, 0);
+            self.release();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::micro_time;
+    use std::time::{Duration, SystemTime};
+
+    #[test]
+    fn formats_micro_time() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_micros(1_700_000_000_123_456);
+        assert_eq!(micro_time(t), "2023-11-14T22:13:20.123456Z");
+        assert_eq!(
+            micro_time(SystemTime::UNIX_EPOCH),
+            "1970-01-01T00:00:00.000000Z"
+        );
+    }
+}

@@ -1,0 +1,358 @@
+//! A reflector keeps one [`Store`] equal to the API server's view of one resource type:
+//! list, then watch from the list's resourceVersion; on `410 Gone`, an ERROR event or a broken
+//! stream it re-lists and reconciles the store (adds, updates and deletes), so no change is lost
+//! and no stale object survives. Errors back off exponentially with jitter, capped at 30 s.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+use serde_json::Value;
+
+use super::client::{Client, KubeError, ListParams, ResourceRef};
+use crate::store::{object_key, ObjectFilter, Store};
+
+/// A store shared between its reflector (the only writer) and readers. Readers take cheap
+/// snapshots (`Arc<Store>`); a write while a snapshot is alive copies the index (pointers only).
+pub type SharedStore = Arc<RwLock<Arc<Store>>>;
+
+pub fn snapshot(store: &SharedStore) -> Arc<Store> {
+    store.read().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+/// The sync barrier: rendering waits until every watched type has completed its first list.
+#[derive(Debug, Clone, Default)]
+pub struct SyncBarrier {
+    flags: Vec<(String, Arc<AtomicBool>)>,
+}
+
+impl SyncBarrier {
+    pub fn add(&mut self, name: &str, flag: Arc<AtomicBool>) {
+        self.flags.push((name.to_string(), flag));
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.flags.iter().all(|(_, f)| f.load(Ordering::SeqCst))
+    }
+
+    /// The types still waiting for their first list (for health output and logs).
+    pub fn pending(&self) -> Vec<&str> {
+        self.flags
+            .iter()
+            .filter(|(_, f)| !f.load(Ordering::SeqCst))
+            .map(|(n, _)| n.as_str())
+            .collect()
+    }
+}
+
+/// What a reflector tells the rest of the controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReflectorEvent {
+    /// The store of `name` changed (after the initial list: also when it became synced).
+    Changed { name: String },
+    /// The reflector re-listed (after 410, an ERROR event or a broken watch).
+    Relisted { name: String, reason: String },
+}
+
+/// Everything one reflector needs.
+pub struct Reflector {
+    pub name: String,
+    pub client: Client,
+    pub resource: ResourceRef,
+    pub namespace: Option<String>,
+    pub params: ListParams,
+    pub filter: ObjectFilter,
+    pub store: SharedStore,
+    pub synced: Arc<AtomicBool>,
+    pub stop: Arc<AtomicBool>,
+    pub events: Sender<ReflectorEvent>,
+    /// How long the server keeps one watch open.
+    pub watch_timeout: Duration,
+}
+
+/// Exponential backoff with jitter: 200 ms doubling to 30 s.
+#[derive(Debug)]
+pub struct Backoff {
+    next: Duration,
+    seed: u64,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+            | 1;
+        Backoff {
+            next: Duration::from_millis(200),
+            seed,
+        }
+    }
+}
+
+impl Backoff {
+    pub const MAX: Duration = Duration::from_secs(30);
+
+    /// The delay to wait now: the current step with ±25 % jitter; the step then doubles.
+    pub fn delay(&mut self) -> Duration {
+        // xorshift: jitter needs no cryptographic randomness.
+        self.seed ^= self.seed << 13;
+        self.seed ^= self.seed >> 7;
+        self.seed ^= self.seed << 17;
+        let factor = 0.75 + (self.seed % 1000) as f64 / 2000.0;
+        let delay = self.next.mul_f64(factor).min(Self::MAX);
+        self.next = (self.next * 2).min(Self::MAX);
+        delay
+    }
+
+    pub fn reset(&mut self) {
+        self.next = Duration::from_millis(200);
+    }
+}
+
+enum WatchEnd {
+    /// The server closed the watch normally: continue from the last resourceVersion.
+    Expired,
+    /// The version is gone or the stream broke: re-list.
+    Relist(String),
+    Stopped,
+}
+
+impl Reflector {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Sleeps in small steps so a stop request is honoured quickly.
+    fn pause(&self, delay: Duration) {
+        let deadline = std::time::Instant::now() + delay;
+        while !self.stopped() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50).min(delay));
+        }
+    }
+
+    fn write(&self, change: impl FnOnce(&mut Store)) {
+        let mut guard = self.store.write().unwrap_or_else(|p| p.into_inner());
+        change(Arc::make_mut(&mut guard));
+    }
+
+    fn notify(&self) {
+        let _ = self.events.send(ReflectorEvent::Changed {
+            name: self.name.clone(),
+        });
+    }
+
+    /// Applies one object (added or modified). An object the field selector rejects is removed.
+    fn apply(&self, object: Value) {
+        let Some(key) = object_key(&object) else {
+            return;
+        };
+        match self.filter.prepare(object) {
+            Some(object) => self.write(|s| {
+                if let Err(e) = s.upsert(Arc::new(object)) {
+                    log::warn!("resource={} {e}", self.name);
+                }
+            }),
+            None => self.write(|s| {
+                s.delete(&key);
+            }),
+        }
+    }
+
+    /// Lists everything and makes the store equal to it. Returns the list's resourceVersion.
+    fn relist(&self) -> Result<String, KubeError> {
+        let (items, rv) =
+            self.client
+                .list_all(&self.resource, self.namespace.as_deref(), &self.params)?;
+        let mut seen = BTreeSet::new();
+        let mut prepared = Vec::with_capacity(items.len());
+        for item in items {
+            if let Some(key) = object_key(&item) {
+                if let Some(object) = self.filter.prepare(item) {
+                    seen.insert(key);
+                    prepared.push(object);
+                }
+            }
+        }
+        self.write(|s| {
+            let stale: Vec<_> = s.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+            for key in stale {
+                s.delete(&key);
+            }
+            for object in prepared {
+                if let Err(e) = s.upsert(Arc::new(object)) {
+                    log::warn!("resource={} {e}", self.name);
+                }
+            }
+        });
+        Ok(rv)
+    }
+
+    fn watch(&self, resource_version: &mut String) -> Result<WatchEnd, KubeError> {
+        let timeout = self.watch_timeout.as_secs().max(1) as u32;
+        let stream = self.client.watch(
+            &self.resource,
+            self.namespace.as_deref(),
+            &self.params,
+            resource_version,
+            timeout,
+        )?;
+        for event in stream {
+            if self.stopped() {
+                return Ok(WatchEnd::Stopped);
+            }
+            let event = match event {
+                Ok(e) => e,
+                Err(e) => return Ok(WatchEnd::Relist(format!("watch broke: {e}"))),
+            };
+            let rv = event
+                .object
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            match event.kind.as_str() {
+                "ADDED" | "MODIFIED" => {
+                    self.apply(event.object);
+                    self.notify();
+                }
+                "DELETED" => {
+                    if let Some(key) = object_key(&event.object) {
+                        self.write(|s| {
+                            s.delete(&key);
+                        });
+                    }
+                    self.notify();
+                }
+                "BOOKMARK" => {}
+                "ERROR" => {
+                    let code = event
+                        .object
+                        .get("code")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0);
+                    let message = event
+                        .object
+                        .get("message")
+                        .and_then(Value::as_str)
+                        .unwrap_or_default();
+                    return Ok(WatchEnd::Relist(format!("watch error {code}: {message}")));
+                }
+                other => log::debug!("resource={} ignoring watch event type {other:?}", self.name),
+            }
+            if let Some(rv) = rv {
+                *resource_version = rv;
+            }
+        }
+        Ok(WatchEnd::Expired)
+    }
+
+    /// Runs until `stop` is set.
+    pub fn run(self) {
+        let mut backoff = Backoff::default();
+        let mut resource_version: Option<String> = None;
+        let mut relist_reason = "initial list".to_string();
+        while !self.stopped() {
+            let rv = match resource_version.take() {
+                Some(rv) => rv,
+                None => match self.relist() {
+                    Ok(rv) => {
+                        let first = !self.synced.swap(true, Ordering::SeqCst);
+                        if first {
+                            log::info!(
+                                "resource={} synced objects={}",
+                                self.name,
+                                snapshot(&self.store).len()
+                            );
+                        } else {
+                            log::info!("resource={} relisted reason={relist_reason:?}", self.name);
+                            let _ = self.events.send(ReflectorEvent::Relisted {
+                                name: self.name.clone(),
+                                reason: relist_reason.clone(),
+                            });
+                        }
+                        self.notify();
+                        rv
+                    }
+                    Err(e) => {
+                        let delay = backoff.delay();
+                        log::warn!(
+                            "resource={} list failed, retrying in {delay:?}: {e}",
+                            self.name
+                        );
+                        self.pause(delay);
+                        continue;
+                    }
+                },
+            };
+            let mut rv = rv;
+            match self.watch(&mut rv) {
+                Ok(WatchEnd::Expired) => {
+                    backoff.reset();
+                    resource_version = Some(rv);
+                }
+                Ok(WatchEnd::Stopped) => return,
+                Ok(WatchEnd::Relist(reason)) => {
+                    log::info!("resource={} {reason}; re-listing", self.name);
+                    relist_reason = reason;
+                }
+                Err(e) if e.is_gone() => relist_reason = format!("{e}"),
+                Err(e) => {
+                    let delay = backoff.delay();
+                    log::warn!(
+                        "resource={} watch failed, re-listing in {delay:?}: {e}",
+                        self.name
+                    );
+                    relist_reason = e.to_string();
+                    self.pause(delay);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Backoff, SyncBarrier};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    #[test]
+    fn barrier_waits_for_every_type() {
+        let (a, b) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicBool::new(false)),
+        );
+        let mut barrier = SyncBarrier::default();
+        barrier.add("ingresses", a.clone());
+        barrier.add("services", b.clone());
+        assert!(!barrier.is_synced());
+        a.store(true, Ordering::SeqCst);
+        assert_eq!(barrier.pending(), ["services"]);
+        b.store(true, Ordering::SeqCst);
+        assert!(barrier.is_synced());
+    }
+    use std::time::Duration;
+
+    #[test]
+    fn backoff_grows_with_jitter_and_caps() {
+        let mut b = Backoff::default();
+        let first = b.delay();
+        assert!(
+            first >= Duration::from_millis(150) && first <= Duration::from_millis(250),
+            "{first:?}"
+        );
+        let mut last = first;
+        for _ in 0..20 {
+            last = b.delay();
+        }
+        assert!(
+            last <= Backoff::MAX && last >= Backoff::MAX.mul_f64(0.75),
+            "{last:?}"
+        );
+        b.reset();
+        assert!(b.delay() <= Duration::from_millis(250));
+    }
+}

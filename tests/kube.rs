@@ -1,0 +1,502 @@
+//! The Kubernetes client, reflectors and Lease election against the dev API server
+//! (`tests/apiserver`), including its fault injection.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use haptic::kube::client::{Client, ListParams, ResourceRef};
+use haptic::kube::config::KubeConfig;
+use haptic::kube::lease::{Elector, Leadership, LeaseConfig};
+use haptic::kube::reflector::{snapshot, Reflector, ReflectorEvent, SharedStore};
+use haptic::store::path::PathExpr;
+use haptic::store::{ObjectFilter, Store};
+use serde_json::json;
+use support::{wait_for, DevApiServer, Proxy};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn client(server: &DevApiServer) -> Client {
+    Client::new(&KubeConfig::from_kubeconfig(&server.kubeconfig(), None).unwrap()).unwrap()
+}
+
+fn configmaps() -> ResourceRef {
+    ResourceRef::new("v1", "configmaps", true)
+}
+
+fn cm(name: &str, value: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": "default", "labels": {"app": "t"}}, "data": {"v": value}})
+}
+
+/// Names and values of the ConfigMaps on the server.
+fn server_state(c: &Client) -> BTreeSet<(String, String)> {
+    let (items, _) = c
+        .list_all(
+            &configmaps(),
+            Some("default"),
+            &ListParams {
+                label_selector: Some("app=t".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    items
+        .iter()
+        .map(|o| {
+            (
+                o["metadata"]["name"].as_str().unwrap().to_string(),
+                o["data"]["v"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn store_state(store: &SharedStore) -> BTreeSet<(String, String)> {
+    snapshot(store)
+        .list()
+        .map(|o| {
+            (
+                o["metadata"]["name"].as_str().unwrap().to_string(),
+                o["data"]["v"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+struct RunningReflector {
+    store: SharedStore,
+    events: crossbeam_channel::Receiver<ReflectorEvent>,
+    stop: Arc<AtomicBool>,
+    synced: Arc<AtomicBool>,
+}
+
+impl Drop for RunningReflector {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn start_reflector(c: &Client) -> RunningReflector {
+    let store: SharedStore = Arc::new(RwLock::new(Arc::new(Store::new(vec![
+        PathExpr::parse("metadata.namespace").unwrap(),
+        PathExpr::parse("metadata.name").unwrap(),
+    ]))));
+    let (tx, rx) = crossbeam_channel::unbounded();
+    let stop = Arc::new(AtomicBool::new(false));
+    let synced = Arc::new(AtomicBool::new(false));
+    let reflector = Reflector {
+        name: "configmaps".into(),
+        client: c.clone(),
+        resource: configmaps(),
+        namespace: Some("default".into()),
+        params: ListParams {
+            label_selector: Some("app=t".into()),
+            limit: Some(3),
+            ..Default::default()
+        },
+        filter: ObjectFilter {
+            ignore_fields: vec![PathExpr::parse("metadata.managedFields").unwrap()],
+            field_selector: None,
+        },
+        store: store.clone(),
+        synced: synced.clone(),
+        stop: stop.clone(),
+        events: tx,
+        watch_timeout: Duration::from_secs(60),
+    };
+    std::thread::spawn(move || reflector.run());
+    wait_for("reflector synced", WAIT, || synced.load(Ordering::SeqCst));
+    RunningReflector {
+        store,
+        events: rx,
+        stop,
+        synced,
+    }
+}
+
+fn converges(c: &Client, r: &RunningReflector, what: &str) {
+    wait_for(what, WAIT, || store_state(&r.store) == server_state(c));
+}
+
+#[test]
+fn verbs_pagination_and_errors() {
+    let server = DevApiServer::start(&[]);
+    let c = client(&server);
+    for i in 0..25 {
+        c.create(
+            &configmaps(),
+            Some("default"),
+            &cm(&format!("cm-{i:02}"), "x"),
+        )
+        .unwrap();
+    }
+    let params = ListParams {
+        label_selector: Some("app=t".into()),
+        limit: Some(7),
+        ..Default::default()
+    };
+    let first = c
+        .list_page(&configmaps(), Some("default"), &params, None)
+        .unwrap();
+    assert_eq!(first["items"].as_array().unwrap().len(), 7);
+    assert!(
+        !first["metadata"]["continue"]
+            .as_str()
+            .unwrap_or_default()
+            .is_empty(),
+        "a continue token"
+    );
+    let (items, rv) = c.list_all(&configmaps(), Some("default"), &params).unwrap();
+    let names: BTreeSet<_> = items
+        .iter()
+        .map(|o| o["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names.len(), 25, "every object once across pages");
+    assert!(!rv.is_empty());
+
+    let got = c.get(&configmaps(), Some("default"), "cm-00").unwrap();
+    let mut stale = got.clone();
+    c.merge_patch(
+        &configmaps(),
+        Some("default"),
+        "cm-00",
+        &json!({"data": {"v": "patched"}}),
+    )
+    .unwrap();
+    stale["data"]["v"] = json!("lost update");
+    let err = c
+        .update(&configmaps(), Some("default"), "cm-00", &stale)
+        .unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    assert!(
+        err.to_string()
+            .starts_with("update /api/v1/namespaces/default/configmaps/cm-00: 409 Conflict: "),
+        "{err}"
+    );
+    c.delete(&configmaps(), Some("default"), "cm-00").unwrap();
+    let err = c.get(&configmaps(), Some("default"), "cm-00").unwrap_err();
+    assert!(err.is_not_found());
+    assert_eq!(err.to_string(), "get /api/v1/namespaces/default/configmaps/cm-00: 404 NotFound: configmaps \"cm-00\" not found");
+
+    let services = ResourceRef::new("v1", "services", true);
+    c.create(
+        &services,
+        Some("default"),
+        &json!({"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}}),
+    )
+    .unwrap();
+    c.merge_patch_status(
+        &services,
+        Some("default"),
+        "web",
+        &json!({"status": {"loadBalancer": {"ingress": [{"ip": "10.0.0.9"}]}}}),
+    )
+    .unwrap();
+    let svc = c.get(&services, Some("default"), "web").unwrap();
+    assert_eq!(
+        svc["status"]["loadBalancer"]["ingress"][0]["ip"],
+        "10.0.0.9"
+    );
+
+    assert!(c
+        .is_namespaced("networking.k8s.io/v1", "ingresses")
+        .unwrap());
+    assert!(!c
+        .is_namespaced("networking.k8s.io/v1", "ingressclasses")
+        .unwrap());
+    assert!(c.is_namespaced("v1", "nonsense").is_err());
+}
+
+#[test]
+fn watch_delivers_adds_updates_deletes_in_order_with_bookmarks() {
+    let server = DevApiServer::start(&["--bookmark-interval", "200ms"]);
+    let c = client(&server);
+    let (_, rv) = c
+        .list_all(&configmaps(), Some("default"), &ListParams::default())
+        .unwrap();
+    let mut stream = c
+        .watch(
+            &configmaps(),
+            Some("default"),
+            &ListParams::default(),
+            &rv,
+            30,
+        )
+        .unwrap();
+    c.create(&configmaps(), Some("default"), &cm("a", "1"))
+        .unwrap();
+    c.merge_patch(
+        &configmaps(),
+        Some("default"),
+        "a",
+        &json!({"data": {"v": "2"}}),
+    )
+    .unwrap();
+    c.delete(&configmaps(), Some("default"), "a").unwrap();
+    let mut kinds = Vec::new();
+    let mut bookmarks = 0;
+    while kinds.len() < 3 || bookmarks == 0 {
+        let event = stream.next().expect("stream open").unwrap();
+        if event.kind == "BOOKMARK" {
+            bookmarks += 1;
+            assert!(event.object["metadata"]["resourceVersion"]
+                .as_str()
+                .is_some());
+        } else {
+            kinds.push((
+                event.kind,
+                event.object["data"]["v"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            ));
+        }
+    }
+    let expected = [("ADDED", "1"), ("MODIFIED", "2"), ("DELETED", "2")];
+    assert_eq!(kinds, expected.map(|(k, v)| (k.to_string(), v.to_string())));
+}
+
+#[test]
+fn reflector_survives_dropped_watches_410_and_error_storms() {
+    let server = DevApiServer::start(&[]);
+    let c = client(&server);
+    for i in 0..5 {
+        c.create(
+            &configmaps(),
+            Some("default"),
+            &cm(&format!("base-{i}"), "0"),
+        )
+        .unwrap();
+    }
+    let r = start_reflector(&c);
+    converges(&c, &r, "initial list (paginated) in the store");
+
+    // Adds, updates and deletes arrive through the watch.
+    c.create(&configmaps(), Some("default"), &cm("new", "1"))
+        .unwrap();
+    c.merge_patch(
+        &configmaps(),
+        Some("default"),
+        "base-0",
+        &json!({"data": {"v": "changed"}}),
+    )
+    .unwrap();
+    c.delete(&configmaps(), Some("default"), "base-1").unwrap();
+    converges(&c, &r, "watched changes");
+
+    // The watch is cut mid-stream while changes happen: nothing lost, nothing invented.
+    server.faults(&json!({"closeWatches": "abrupt"}));
+    c.create(&configmaps(), Some("default"), &cm("during-drop", "1"))
+        .unwrap();
+    c.delete(&configmaps(), Some("default"), "base-2").unwrap();
+    converges(&c, &r, "changes made while the watch was down");
+
+    // Events held back, objects deleted, history compacted: the resumed watch gets 410 and
+    // the re-list must delete what disappeared meanwhile.
+    while r.events.try_recv().is_ok() {}
+    server.faults(&json!({"pause": ["configmaps"]}));
+    c.delete(&configmaps(), Some("default"), "base-3").unwrap();
+    c.create(&configmaps(), Some("default"), &cm("after-compaction", "1"))
+        .unwrap();
+    server.faults(&json!({"compact": true, "closeWatches": "clean", "resume": ["configmaps"]}));
+    converges(&c, &r, "re-list after 410");
+    let relisted = r
+        .events
+        .try_iter()
+        .any(|e| matches!(e, ReflectorEvent::Relisted { .. }));
+    assert!(relisted, "the reflector re-listed");
+    assert!(
+        !store_state(&r.store).iter().any(|(n, _)| n == "base-3"),
+        "no phantom object"
+    );
+
+    // A burst of 5xx on lists and watches: back off, recover, converge.
+    server.faults(&json!({"failNext": {"count": 6, "code": 503, "pathPrefix": "/api/v1/namespaces/default/configmaps"}, "closeWatches": "abrupt"}));
+    // Our own writes may hit the storm too: retry them like any client would.
+    wait_for("the write after the storm", WAIT, || {
+        c.create(&configmaps(), Some("default"), &cm("after-storm", "1"))
+            .is_ok()
+    });
+    wait_for("after the 503 storm", WAIT, || {
+        store_state(&r.store)
+            .iter()
+            .any(|(n, _)| n == "after-storm")
+    });
+    converges(&c, &r, "state after the 503 storm");
+    assert!(r.synced.load(Ordering::SeqCst));
+}
+
+#[test]
+fn token_rotation_and_client_certificates() {
+    let dir = support::TempDir::new("tokens");
+    let token_file = dir.0.join("token");
+    std::fs::write(&token_file, "first-token\n").unwrap();
+    let server = DevApiServer::start(&["--token-file", token_file.to_str().unwrap()]);
+    let c = client(&server);
+    c.list_all(&configmaps(), Some("default"), &ListParams::default())
+        .unwrap();
+    // Rotate: the server now accepts only the new token, and the client re-reads its file.
+    std::fs::write(&token_file, "second-token-which-is-longer\n").unwrap();
+    wait_for("client works with the rotated token", WAIT, || {
+        c.list_all(&configmaps(), Some("default"), &ListParams::default())
+            .is_ok()
+    });
+    let stale = Client::new(&KubeConfig {
+        credentials: haptic::kube::config::Credentials::Token("first-token".into()),
+        ..KubeConfig::from_kubeconfig(&server.kubeconfig(), None).unwrap()
+    })
+    .unwrap();
+    let err = stale
+        .list_all(&configmaps(), Some("default"), &ListParams::default())
+        .unwrap_err();
+    assert_eq!(err.code(), Some(401), "{err}");
+
+    let cert_config =
+        KubeConfig::from_kubeconfig(&server.dir.0.join("kubeconfig-client-cert"), None).unwrap();
+    assert!(cert_config.client_cert.is_some());
+    Client::new(&cert_config)
+        .unwrap()
+        .list_all(&configmaps(), Some("default"), &ListParams::default())
+        .unwrap();
+}
+
+struct Candidate {
+    leadership: Arc<Leadership>,
+    stop: Arc<AtomicBool>,
+    proxy: Proxy,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+fn candidate(server: &DevApiServer, identity: &str, timings: (u64, u64, u64)) -> Candidate {
+    let upstream: std::net::SocketAddr = server.url.trim_start_matches("https://").parse().unwrap();
+    let proxy = Proxy::start(upstream);
+    let mut config = KubeConfig::from_kubeconfig(&server.kubeconfig(), None).unwrap();
+    config.server = format!("https://127.0.0.1:{}", proxy.port);
+    let (tx, _rx) = crossbeam_channel::unbounded();
+    let stop = Arc::new(AtomicBool::new(false));
+    let lease = LeaseConfig {
+        namespace: "default".into(),
+        name: "haptic-leader".into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_millis(timings.0),
+        renew_deadline: Duration::from_millis(timings.1),
+        retry_period: Duration::from_millis(timings.2),
+    };
+    let elector = Elector::new(Client::new(&config).unwrap(), lease, tx, stop.clone());
+    let leadership = elector.leadership();
+    let handle = std::thread::spawn(move || elector.run());
+    Candidate {
+        leadership,
+        stop,
+        proxy,
+        handle: Some(handle),
+    }
+}
+
+/// Watches the candidates every few milliseconds and fails the test if two ever lead at once.
+struct Monitor {
+    stop: Arc<AtomicBool>,
+    violation: Arc<AtomicBool>,
+}
+
+impl Monitor {
+    fn start(views: Vec<Arc<Leadership>>) -> Monitor {
+        let stop = Arc::new(AtomicBool::new(false));
+        let violation = Arc::new(AtomicBool::new(false));
+        let (s, v) = (stop.clone(), violation.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                if views.iter().filter(|l| l.is_leader()).count() > 1 {
+                    v.store(true, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        Monitor { stop, violation }
+    }
+
+    fn check(&self) {
+        assert!(
+            !self.violation.load(Ordering::SeqCst),
+            "two candidates led at the same time"
+        );
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+fn leader(cands: &[Candidate]) -> Option<usize> {
+    cands.iter().position(|c| c.leadership.is_leader())
+}
+
+#[test]
+fn lease_election_with_three_candidates() {
+    let server = DevApiServer::start(&[]);
+    // lease 3 s, renew deadline 2 s, retry 300 ms.
+    let timings = (3000, 2000, 300);
+    let mut cands: Vec<Candidate> = ["a", "b", "c"]
+        .iter()
+        .map(|id| candidate(&server, id, timings))
+        .collect();
+    let monitor = Monitor::start(cands.iter().map(|c| c.leadership.clone()).collect());
+    wait_for("a first leader", WAIT, || leader(&cands).is_some());
+
+    // Graceful hand-over: the leader releases the Lease; a standby takes it within a retry period.
+    let first = leader(&cands).unwrap();
+    let released = Instant::now();
+    cands[first].stop.store(true, Ordering::SeqCst);
+    cands[first].handle.take().unwrap().join().unwrap();
+    wait_for("a new leader after release", WAIT, || {
+        leader(&cands).is_some_and(|i| i != first)
+    });
+    let graceful = released.elapsed();
+    eprintln!(
+        "graceful hand-over took {graceful:?} (retry period {}ms)",
+        timings.2
+    );
+    assert!(
+        graceful < Duration::from_millis(timings.2 * 2 + 500),
+        "hand-over took {graceful:?}"
+    );
+    monitor.check();
+
+    // Partition the leader (its requests fail): it must stop acting before anyone else can take
+    // the lease (the monitor checks continuously), and a standby takes over after expiry.
+    let second = leader(&cands).unwrap();
+    let cut = Instant::now();
+    cands[second].proxy.set_cut(true);
+    wait_for("the partitioned leader steps down", WAIT, || {
+        !cands[second].leadership.is_leader()
+    });
+    let stepped_down = cut.elapsed();
+    wait_for("a standby leads after the lease expired", WAIT, || {
+        leader(&cands).is_some_and(|i| i != second)
+    });
+    let replaced = cut.elapsed();
+    eprintln!("partitioned leader stopped after {stepped_down:?}; replaced after {replaced:?} (lease {}ms)", timings.0);
+    assert!(
+        stepped_down < replaced,
+        "the old leader stopped before the new one started"
+    );
+    assert!(
+        replaced >= Duration::from_millis(timings.0 - timings.1),
+        "the lease was respected"
+    );
+    monitor.check();
+
+    // The partition heals: the old leader rejoins as a follower; still exactly one leader.
+    cands[second].proxy.set_cut(false);
+    std::thread::sleep(Duration::from_millis(timings.2 * 4));
+    assert_eq!(cands.iter().filter(|c| c.leadership.is_leader()).count(), 1);
+    monitor.check();
+    for c in &cands {
+        c.stop.store(true, Ordering::SeqCst);
+    }
+}
