@@ -4,6 +4,8 @@
 #   scripts/bench.sh            every benchmark
 #   scripts/bench.sh render     render time and peak memory of the example config with 1,000
 #                               and 10,000 generated routed Services (+ EndpointSlices)
+#   scripts/bench.sh watch      list and watch ingest into stores, and store memory, for 10,000
+#                               Ingresses + Services + EndpointSlices from the dev API server
 #   scripts/bench.sh agent      agent apply latency, runtime- and reload-class changes, on a
 #                               1,000-backend config (scripts/bench-agent.sh)
 set -euo pipefail
@@ -51,9 +53,15 @@ PY
   rm -rf "$work"
 }
 
+bench_watch() {
+  cargo build --quiet --release -p haptic-dev-apiserver
+  cargo bench --quiet --bench watch_ingest 2>/dev/null | grep '^watch-ingest'
+}
+
 case "$which" in
   render) bench_render ;;
+  watch) bench_watch ;;
   agent) scripts/bench-agent.sh ;;
-  all) bench_render; scripts/bench-agent.sh ;;
-  *) echo "unknown benchmark $which (render, agent, all)" >&2; exit 2 ;;
+  all) bench_render; bench_watch; scripts/bench-agent.sh ;;
+  *) echo "unknown benchmark $which (render, watch, agent, all)" >&2; exit 2 ;;
 esac

@@ -49,13 +49,18 @@ impl Drop for TempDir {
 /// The dev API server binary, built by `cargo test --workspace` next to this test's binary
 /// (or built here when this test runs alone).
 pub fn apiserver_binary() -> PathBuf {
+    if let Ok(path) = std::env::var("HAPTIC_DEV_APISERVER") {
+        return PathBuf::from(path);
+    }
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
     let bin = dir.join("haptic-dev-apiserver");
     if !bin.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let release = dir.file_name().is_some_and(|n| n == "release");
         let status = Command::new(cargo)
             .args(["build", "--quiet", "-p", "haptic-dev-apiserver"])
+            .args(release.then_some("--release"))
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .unwrap();
