@@ -1,0 +1,558 @@
+//! Harness for the real-traffic tests of the template libraries: echo backends, free ports,
+//! `haptic render` of fixture manifests, a real `haproxy -db` killed on drop, test
+//! certificates made with `openssl`, and requests sent with `curl`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The six libraries, in merge order.
+pub const LIBRARIES: [&str; 6] = [
+    "chart/libraries/base.yaml",
+    "chart/libraries/ssl.yaml",
+    "chart/libraries/ingress.yaml",
+    "chart/libraries/gateway.yaml",
+    "chart/libraries/haproxytech.yaml",
+    "chart/libraries/haproxy-ingress.yaml",
+];
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A private directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "haptic-libs-{name}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A port on 127.0.0.1 that nothing listens on now. HAProxy binds with SO_REUSEPORT, so a
+/// stray HAProxy from another run could share a port; connecting first rules that out.
+pub fn free_port() -> u16 {
+    for _ in 0..50 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind an ephemeral port")
+            .port();
+        if TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(50))
+            .is_err()
+        {
+            return port;
+        }
+    }
+    panic!("no free port found on 127.0.0.1");
+}
+
+/// An HTTP server answering every request with what it received: its own name, the method,
+/// the request target, and every header (`header:<lower-case name>=<value>`).
+pub struct Echo {
+    pub name: String,
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl Echo {
+    pub fn start(name: &str) -> Echo {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo backend");
+        let port = listener.local_addr().expect("echo address").port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (thread_stop, thread_name) = (stop.clone(), name.to_string());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if thread_stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if let Ok(conn) = conn {
+                    let name = thread_name.clone();
+                    std::thread::spawn(move || echo_connection(conn, &name));
+                }
+            }
+        });
+        Echo {
+            name: name.to_string(),
+            port,
+            stop,
+        }
+    }
+}
+
+impl Drop for Echo {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wake the accept loop so the thread sees the flag and ends.
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn echo_connection(conn: TcpStream, name: &str) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut reader = BufReader::new(match conn.try_clone() {
+        Ok(c) => c,
+        Err(_) => return,
+    });
+    let mut writer = conn;
+    loop {
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut parts = request_line.split_whitespace();
+        let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+        let mut body = format!("backend={name}\nmethod={method}\npath={target}\n");
+        let mut content_length = 0usize;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                return;
+            }
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+                if k == "content-length" {
+                    content_length = v.parse().unwrap_or(0);
+                }
+                if k == "host" {
+                    body.push_str(&format!("host={v}\n"));
+                }
+                body.push_str(&format!("header:{k}={v}\n"));
+            }
+        }
+        let mut discard = vec![0u8; content_length.min(1 << 20)];
+        let _ = reader.read_exact(&mut discard);
+        let response = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Echo-Backend: {name}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if writer.write_all(response.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// YAML for a Service with one named port and an EndpointSlice pointing at an echo backend.
+pub fn service_yaml(ns: &str, name: &str, echo: &Echo) -> String {
+    format!(
+        r#"---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-slice
+  namespace: {ns}
+  labels: {{kubernetes.io/service-name: {name}}}
+ports: [{{name: http, port: {port}}}]
+endpoints:
+  - addresses: ["127.0.0.1"]
+    conditions: {{ready: true}}
+"#,
+        port = echo.port
+    )
+}
+
+/// The ports a rendered HAProxy listens on.
+pub struct Ports {
+    pub http: u16,
+    pub https: u16,
+    pub status: u16,
+}
+
+impl Ports {
+    pub fn pick() -> Ports {
+        let http = free_port();
+        let mut https = free_port();
+        while https == http {
+            https = free_port();
+        }
+        let mut status = free_port();
+        while status == http || status == https {
+            status = free_port();
+        }
+        Ports {
+            http,
+            https,
+            status,
+        }
+    }
+}
+
+/// Runs `haptic render` of the six libraries on the fixtures; returns its stdout (which lists
+/// the statuses templates set).
+pub fn render(
+    fixtures: &Path,
+    out: &Path,
+    ports: &Ports,
+    extra: &[(&str, &str)],
+) -> Result<String, String> {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_haptic"));
+    cmd.current_dir(root()).arg("render");
+    for lib in LIBRARIES {
+        cmd.arg("-f").arg(lib);
+    }
+    cmd.arg("--fixtures")
+        .arg(fixtures)
+        .arg("-o")
+        .arg(out)
+        .arg("--validate");
+    let mut context = vec![
+        ("http_port".to_string(), ports.http.to_string()),
+        ("https_port".to_string(), ports.https.to_string()),
+        ("status_port".to_string(), ports.status.to_string()),
+        ("bind_address".to_string(), "127.0.0.1".to_string()),
+    ];
+    context.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    for (k, v) in context {
+        cmd.arg("--extra-context").arg(format!("{k}={v}"));
+    }
+    let output = cmd.output().map_err(|e| format!("run haptic: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        return Err(format!(
+            "haptic render failed:\n{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(stdout)
+}
+
+/// A running `haproxy -db`, killed on drop.
+pub struct HAProxy {
+    child: Child,
+    pub ports: Ports,
+}
+
+impl HAProxy {
+    /// Starts HAProxy on a rendered directory and waits until its status port answers.
+    pub fn start(dir: &Path, ports: Ports) -> HAProxy {
+        let child = Command::new("haproxy")
+            .arg("-db")
+            .arg("-f")
+            .arg(dir.join("haproxy.cfg"))
+            .stdin(Stdio::null())
+            .stdout(log_file(dir))
+            .stderr(log_file(dir))
+            .spawn()
+            .expect("start haproxy (is it installed?)");
+        let mut proxy = HAProxy { child, ports };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = proxy.child.try_wait() {
+                let log = std::fs::read_to_string(dir.join("haproxy.log")).unwrap_or_default();
+                panic!("haproxy exited at start: {status}\n{log}");
+            }
+            let url = format!("http://127.0.0.1:{}/healthz", proxy.ports.status);
+            if get(&url, &[]).status == 200 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "haproxy did not come up in 10s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        proxy
+    }
+
+    pub fn http(&self, host: &str, path: &str) -> Response {
+        self.http_with(host, path, &[])
+    }
+
+    pub fn http_with(&self, host: &str, path: &str, args: &[&str]) -> Response {
+        let url = format!("http://127.0.0.1:{}{path}", self.ports.http);
+        let host_header = format!("Host: {host}");
+        let mut all = vec!["-H", host_header.as_str()];
+        all.extend_from_slice(args);
+        get(&url, &all)
+    }
+
+    /// An HTTPS request with SNI `host`, verifying the server certificate against `ca`.
+    pub fn https(&self, host: &str, path: &str, ca: &Path, args: &[&str]) -> Response {
+        let url = format!("https://{host}:{}{path}", self.ports.https);
+        let resolve = format!("{host}:{}:127.0.0.1", self.ports.https);
+        let ca = ca.display().to_string();
+        let mut all = vec!["--resolve", resolve.as_str(), "--cacert", ca.as_str()];
+        all.extend_from_slice(args);
+        get(&url, &all)
+    }
+}
+
+fn log_file(dir: &Path) -> Stdio {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("haproxy.log"))
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null())
+}
+
+impl Drop for HAProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Debug)]
+pub struct Response {
+    /// 0 when the request failed (connection, TLS verification).
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+    pub error: String,
+}
+
+impl Response {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn headers_named(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// The echo backend that answered, if any.
+    pub fn backend(&self) -> Option<&str> {
+        self.header("x-echo-backend")
+    }
+
+    /// A line `key=value` the echo backend reported.
+    pub fn echoed(&self, key: &str) -> Option<&str> {
+        let prefix = format!("{key}=");
+        self.body.lines().find_map(|l| l.strip_prefix(&prefix))
+    }
+}
+
+/// One request with curl (never following redirects), bounded to 5 seconds.
+pub fn get(url: &str, args: &[&str]) -> Response {
+    let output = Command::new("curl")
+        .args(["-s", "-S", "-i", "--max-time", "5", "--http1.1"])
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let error = String::from_utf8_lossy(&output.stderr).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    Response {
+        status,
+        headers,
+        body: body.to_string(),
+        error,
+    }
+}
+
+/// A test CA and leaf certificates it signs, made with `openssl` (EC keys: fast).
+pub struct Pki {
+    pub dir: PathBuf,
+    pub ca: PathBuf,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run openssl");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Pki {
+    pub fn new(dir: &Path) -> Pki {
+        openssl(
+            dir,
+            &[
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=haptic test CA",
+            ],
+        );
+        Pki {
+            dir: dir.to_path_buf(),
+            ca: dir.join("ca.pem"),
+        }
+    }
+
+    /// A certificate for `names` (the first is the CN): (cert PEM, key PEM).
+    pub fn leaf(&self, id: &str, names: &[&str]) -> (String, String) {
+        let san = names
+            .iter()
+            .map(|n| format!("DNS:{n}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        std::fs::write(
+            self.dir.join(format!("{id}.ext")),
+            format!("subjectAltName={san}\n"),
+        )
+        .expect("write ext file");
+        let (key, csr, crt) = (
+            format!("{id}.key"),
+            format!("{id}.csr"),
+            format!("{id}.crt"),
+        );
+        let subj = format!("/CN={}", names[0]);
+        openssl(
+            &self.dir,
+            &[
+                "req",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
+                &key,
+                "-out",
+                &csr,
+                "-subj",
+                &subj,
+            ],
+        );
+        let ext = format!("{id}.ext");
+        openssl(
+            &self.dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &crt,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+        let read = |f: &str| std::fs::read_to_string(self.dir.join(f)).expect("read pem");
+        (read(&crt), read(&key))
+    }
+
+    /// A kubernetes.io/tls Secret manifest holding a leaf certificate for `names`.
+    pub fn secret_yaml(&self, ns: &str, name: &str, names: &[&str]) -> String {
+        let (crt, key) = self.leaf(&format!("{ns}-{name}"), names);
+        format!(
+            "---\napiVersion: v1\nkind: Secret\ntype: kubernetes.io/tls\nmetadata: {{name: {name}, namespace: {ns}}}\ndata:\n  tls.crt: {}\n  tls.key: {}\n",
+            base64(crt.as_bytes()),
+            base64(key.as_bytes())
+        )
+    }
+}
+
+pub fn base64(data: &[u8]) -> String {
+    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Renders `manifests` and starts HAProxy on the result. Keeps the directories alive.
+pub struct Scenario {
+    pub proxy: HAProxy,
+    pub render_output: String,
+    pub out: TempDir,
+    _fixtures: TempDir,
+}
+
+impl Scenario {
+    pub fn start(name: &str, manifests: &str, extra: &[(&str, &str)]) -> Scenario {
+        let fixtures = TempDir::new(&format!("{name}-fixtures"));
+        std::fs::write(fixtures.path().join("manifests.yaml"), manifests).expect("write fixtures");
+        let out = TempDir::new(&format!("{name}-out"));
+        let ports = Ports::pick();
+        let render_output = render(fixtures.path(), out.path(), &ports, extra)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let proxy = HAProxy::start(out.path(), ports);
+        Scenario {
+            proxy,
+            render_output,
+            out,
+            _fixtures: fixtures,
+        }
+    }
+
+    pub fn config(&self) -> String {
+        std::fs::read_to_string(self.out.path().join("haproxy.cfg")).unwrap_or_default()
+    }
+}
