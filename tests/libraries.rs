@@ -121,3 +121,60 @@ fn ingress_without_default_backend_answers_404() {
     assert_eq!(r.status, 404, "{r:?}");
     assert_eq!(s.proxy.http("bar.test", "/app").status, 404);
 }
+
+#[test]
+fn tls_with_sni_per_ingress_certificates_and_default() {
+    let dir = harness::TempDir::new("pki");
+    let pki = harness::Pki::new(dir.path());
+    let (a, b) = (Echo::start("a"), Echo::start("b"));
+    let mut m = service_yaml("default", "a", &a) + &service_yaml("default", "b", &b);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "cert-a", &["a.test"]));
+    m.push_str(&pki.secret_yaml("default", "cert-b", &["b.test", "*.b.test"]));
+    m.push_str(&ingress(
+        "tls",
+        &format!(
+            "  tls:\n    - {{hosts: [a.test], secretName: cert-a}}\n    - {{hosts: [b.test], secretName: cert-b}}\n  rules:\n    - host: a.test\n      http: {{paths: [{}]}}\n    - host: b.test\n      http: {{paths: [{}]}}\n    - host: c.test\n      http: {{paths: [{}]}}\n",
+            path("/", "Prefix", "a"),
+            path("/", "Prefix", "b"),
+            path("/", "Prefix", "a"),
+        ),
+    ));
+    // A second Ingress sharing cert-b adds its host to the same crt-list line.
+    m.push_str(&ingress(
+        "tls2",
+        &format!(
+            "  tls: [{{hosts: [x.b.test], secretName: cert-b}}]\n  rules:\n    - host: x.b.test\n      http: {{paths: [{}]}}\n",
+            path("/", "Prefix", "b")
+        ),
+    ));
+    let s = Scenario::start("tls", &m, &[]);
+    let p = &s.proxy;
+    // The certificate for each SNI name verifies against the test CA for that name.
+    let r = p.https("a.test", "/x", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("a")), "{r:?}");
+    assert_eq!(r.echoed("header:x-forwarded-proto"), Some("https"));
+    let r = p.https("b.test", "/", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("b")), "{r:?}");
+    let r = p.https("x.b.test", "/", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("b")), "{r:?}");
+    // No certificate for c.test: the default one is served, so verification for c.test fails…
+    let r = p.https("c.test", "/", &pki.ca, &[]);
+    assert_eq!(r.status, 0, "c.test must not verify: {r:?}");
+    // …but the default certificate is the one for default.invalid, and routing still works.
+    let r = p.https(
+        "c.test",
+        "/",
+        &pki.ca,
+        &["-k", "-w", "%{ssl_verify_result}"],
+    );
+    assert_eq!(r.backend(), Some("a"), "{r:?}");
+    // ALPN offers h2.
+    let r = p.https("a.test", "/", &pki.ca, &["--http2"]);
+    assert_eq!(r.status, 200, "{r:?}");
+    let crt_list = std::fs::read_to_string(s.out.path().join("general/crt-list.txt")).unwrap();
+    assert!(
+        crt_list.contains("ssl/default_cert-b.pem b.test x.b.test"),
+        "{crt_list}"
+    );
+}
