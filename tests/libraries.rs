@@ -178,3 +178,104 @@ fn tls_with_sni_per_ingress_certificates_and_default() {
         "{crt_list}"
     );
 }
+
+fn annotated(name: &str, host: &str, svc: &str, annotations: &str) -> String {
+    format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: default\n  annotations:\n{annotations}spec:\n  ingressClassName: haproxy\n  tls: [{{hosts: [{host}], secretName: tls-{name}}}]\n  rules:\n    - host: {host}\n      http: {{paths: [{}]}}\n",
+        path("/", "Prefix", svc)
+    )
+}
+
+#[test]
+fn haproxytech_annotations_redirect_headers_rewrite_allowlist_auth() {
+    let dir = harness::TempDir::new("pki-ann");
+    let pki = harness::Pki::new(dir.path());
+    let web = Echo::start("web");
+    let hash = Command::new("openssl")
+        .args(["passwd", "-5", "-salt", "pepper", "s3cret"])
+        .output()
+        .expect("openssl passwd");
+    let hash = String::from_utf8_lossy(&hash.stdout).trim().to_string();
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    for (name, host) in [
+        ("open", "open.test"),
+        ("closed", "closed.test"),
+        ("auth", "auth.test"),
+        ("redir", "redir.test"),
+    ] {
+        m.push_str(&pki.secret_yaml("default", &format!("tls-{name}"), &[host]));
+    }
+    m.push_str(&format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: users, namespace: default}}\ndata: {{alice: {}}}\n",
+        harness::base64(hash.as_bytes())
+    ));
+    m.push_str(&annotated(
+        "open",
+        "open.test",
+        "web",
+        "    haproxy.org/allowlist: \"127.0.0.1/32\"\n    haproxy.org/request-set-header: \"X-Env prod\"\n    haproxy.org/response-set-header: \"X-Frame-Options DENY\"\n    haproxy.org/path-rewrite: \"^/old/(.*) /new/\\\\1\"\n    haproxy.org/set-host: backend.internal\n",
+    ));
+    m.push_str(&annotated(
+        "closed",
+        "closed.test",
+        "web",
+        "    haproxy.org/allowlist: \"192.0.2.0/24\"\n",
+    ));
+    m.push_str(&annotated(
+        "auth",
+        "auth.test",
+        "web",
+        "    haproxy.org/auth-type: basic-auth\n    haproxy.org/auth-secret: default/users\n    haproxy.org/auth-realm: Team\n",
+    ));
+    m.push_str(&annotated(
+        "redir",
+        "redir.test",
+        "web",
+        "    haproxy.org/ssl-redirect: \"true\"\n    haproxy.org/ssl-redirect-code: \"308\"\n",
+    ));
+    let s = Scenario::start("annotations", &m, &[]);
+    let p = &s.proxy;
+
+    // Allow list: 127.0.0.1 is allowed on open.test, not on closed.test — on both frontends.
+    assert_eq!(p.http("open.test", "/").status, 200);
+    assert_eq!(p.http("closed.test", "/").status, 403);
+    assert_eq!(p.https("closed.test", "/", &pki.ca, &[]).status, 403);
+    assert_eq!(p.https("open.test", "/", &pki.ca, &[]).status, 200);
+
+    // Header modifiers, set-host and path rewrite, seen by the backend and the client.
+    let r = p.http("open.test", "/old/thing?q=1");
+    assert_eq!(r.echoed("header:x-env"), Some("prod"), "{r:?}");
+    assert_eq!(r.echoed("host"), Some("backend.internal"), "{r:?}");
+    assert_eq!(r.echoed("path"), Some("/new/thing?q=1"), "{r:?}");
+    assert_eq!(r.header("x-frame-options"), Some("DENY"), "{r:?}");
+    let r = p.https("open.test", "/old/x", &pki.ca, &[]);
+    assert_eq!(
+        r.echoed("path"),
+        Some("/new/x"),
+        "HTTPS runs the same filters: {r:?}"
+    );
+    assert_eq!(r.header("x-frame-options"), Some("DENY"));
+
+    // Basic auth.
+    let r = p.http("auth.test", "/");
+    assert_eq!(r.status, 401, "{r:?}");
+    assert!(
+        r.header("www-authenticate")
+            .unwrap_or_default()
+            .contains("Team"),
+        "{r:?}"
+    );
+    assert_eq!(
+        p.http_with("auth.test", "/", &["-u", "alice:wrong"]).status,
+        401
+    );
+    let r = p.http_with("auth.test", "/", &["-u", "alice:s3cret"]);
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+
+    // ssl-redirect: HTTP redirects with the configured code, HTTPS serves.
+    let r = p.http("redir.test", "/a/b?c=d");
+    assert_eq!(r.status, 308, "{r:?}");
+    assert_eq!(r.header("location"), Some("https://redir.test/a/b?c=d"));
+    assert_eq!(p.https("redir.test", "/a", &pki.ca, &[]).status, 200);
+}
