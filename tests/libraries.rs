@@ -115,7 +115,17 @@ fn ingress_without_default_backend_answers_404() {
             path("/app", "Prefix", "web")
         ),
     ));
-    let s = Scenario::start("no-default", &manifests, &[]);
+    let s = Scenario::start(
+        "no-default",
+        &manifests,
+        &[("status_addresses", "[203.0.113.9, lb.example.com]")],
+    );
+    // Ingress status: the load-balancer addresses, through status.set.
+    assert!(
+        s.render_output.contains(r#"status networking.k8s.io/v1 Ingress default/app: {"loadBalancer":{"ingress":[{"ip":"203.0.113.9"},{"hostname":"lb.example.com"}]}}"#),
+        "{}",
+        s.render_output
+    );
     assert_eq!(s.proxy.http("foo.test", "/app").backend(), Some("web"));
     let r = s.proxy.http("foo.test", "/other");
     assert_eq!(r.status, 404, "{r:?}");

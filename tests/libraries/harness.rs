@@ -327,6 +327,8 @@ pub struct Response {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: String,
+    /// curl's error text; shown in assertion messages through `Debug`.
+    #[allow(dead_code)]
     pub error: String,
 }
 
@@ -337,14 +339,6 @@ impl Response {
             .rev()
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
-    }
-
-    pub fn headers_named(&self, name: &str) -> Vec<&str> {
-        self.headers
-            .iter()
-            .filter(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-            .collect()
     }
 
     /// The echo backend that answered, if any.
@@ -550,9 +544,5 @@ impl Scenario {
             out,
             _fixtures: fixtures,
         }
-    }
-
-    pub fn config(&self) -> String {
-        std::fs::read_to_string(self.out.path().join("haproxy.cfg")).unwrap_or_default()
     }
 }
