@@ -23,6 +23,7 @@ echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "==> cargo test --workspace"
 cargo test --workspace
+scripts/test-chart.sh
 echo "==> scripts/demo.sh --check"
 scripts/demo.sh --check
 echo "==> all tests passed"

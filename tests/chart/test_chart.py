@@ -1,0 +1,992 @@
+"""Chart, CRD and Dockerfile tests, run by scripts/test-chart.sh.
+
+The chart is rendered and linted with the real Helm v4 SDK (helm-python-sdk), every manifest is
+checked with kubernetes-validate --strict for Kubernetes 1.29 and 1.33, and the rendered
+HAProxyTemplateConfig is compared with `haptic config merge` of the enabled libraries.
+
+Environment (set by scripts/test-chart.sh):
+  HAPTIC_BIN             the haptic binary (for `haptic config merge`)
+  HAPTIC_DEV_APISERVER   the haptic-dev-apiserver binary (apply test)
+  HAPTIC_KUBECTL         kubectl to use (default: kubectl on PATH)
+"""
+
+import base64
+import copy
+import json
+import os
+import re
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import yaml
+from helm_python import Chart
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "chart"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import values_doc  # noqa: E402
+
+RELEASE = "edge"
+NAMESPACE = "haptic-system"
+FULLNAME = "edge-haptic"
+KUBE_VERSIONS = ["1.29.0", "1.33.0"]
+# Kinds kubernetes-validate has no schema for; ours are checked against our CRDs instead.
+THIRD_PARTY_KINDS = {
+    ("cert-manager.io/v1", "Issuer"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("gateway.networking.k8s.io/v1", "GatewayClass"),
+}
+LIBRARY_ORDER = [
+    ("base", "base.yaml"),
+    ("ssl", "ssl.yaml"),
+    ("ingress", "ingress.yaml"),
+    ("gateway", "gateway.yaml"),
+    ("haproxytech", "haproxytech.yaml"),
+    ("haproxyIngress", "haproxy-ingress.yaml"),
+]
+
+VARIANTS = {
+    "defaults": {},
+    "loadbalancer": {
+        "haproxy": {
+            "service": {
+                "type": "LoadBalancer",
+                "externalTrafficPolicy": "Local",
+                "loadBalancerSourceRanges": ["10.0.0.0/8"],
+                "nodePorts": {"http": 30080, "https": 30443},
+            }
+        }
+    },
+    "cert-manager": {"certificates": {"provider": "certManager"}},
+    "cert-manager-issuer": {
+        "certificates": {
+            "provider": "certManager",
+            "certManager": {"issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}},
+        }
+    },
+    "libraries-toggled": {
+        "libraries": {
+            "ssl": {"enabled": False},
+            "gateway": {"enabled": True},
+            "haproxytech": {"enabled": False},
+        }
+    },
+    "base-only": {
+        "libraries": {
+            "ssl": {"enabled": False},
+            "ingress": {"enabled": False},
+            "gateway": {"enabled": False},
+            "haproxytech": {"enabled": False},
+            "haproxyIngress": {"enabled": False},
+        },
+        "ingressClass": {"enabled": False},
+    },
+    "single-replica": {
+        "controller": {"replicaCount": 1, "leaderElection": {"enabled": False}},
+        "haproxy": {"replicaCount": 1},
+    },
+    "custom-registry": {
+        "global": {"imageRegistry": "registry.internal:5000", "imagePullSecrets": [{"name": "regcred"}, "other"]},
+        "controller": {"image": {"digest": "sha256:" + "a" * 64}},
+    },
+    "everything": {
+        "libraries": {"gateway": {"enabled": True}},
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+            "podMonitor": {"enabled": True},
+            "prometheusRule": {"enabled": True},
+            "grafanaDashboard": {"enabled": True},
+        },
+        "ingressClass": {"default": True},
+        "networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
+    },
+    "high-ports-capability": {
+        "haproxy": {"ports": {"http": 8080, "https": 8443}, "privilegedPorts": "capability"},
+    },
+    "low-ports-capability": {"haproxy": {"privilegedPorts": "capability"}},
+    "insecure-agent": {"agent": {"insecureHttpWithBasicAuth": True}, "webhook": {"enabled": False}},
+    "user-overrides": {
+        "controller": {
+            "config": {
+                "templatingSettings": {"extraContext": {"custom_key": "custom", "http_port": 8081}},
+                "logging": {"level": "debug"},
+                "watchedResourcesIgnoreFields": ["metadata.managedFields"],
+            }
+        }
+    },
+}
+
+
+class Loader(yaml.SafeLoader):
+    """YAML as Kubernetes reads it for our purposes: timestamps stay strings (serde_yaml writes
+    creationTimestamp values unquoted; PyYAML would turn them into datetime objects)."""
+
+
+Loader.yaml_implicit_resolvers = {
+    k: [r for r in v if r[0] != "tag:yaml.org,2002:timestamp"] for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def deep_merge(base, overlay):
+    out = copy.deepcopy(base)
+    for k, v in overlay.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+_render_cache = {}
+
+
+def render(variant, extra=None):
+    """Renders a variant; returns (values, {template: [docs]}, [docs])."""
+    values = copy.deepcopy(VARIANTS[variant])
+    if extra:
+        values = deep_merge(values, extra)
+    key = json.dumps(values, sort_keys=True)
+    if key not in _render_cache:
+        ch = Chart.load(str(CHART))
+        try:
+            out = ch.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+        finally:
+            ch.close()
+        by_template = {}
+        docs = []
+        for path, text in out.items():
+            if path.endswith("NOTES.txt"):
+                by_template[path] = text
+                continue
+            parsed = [d for d in yaml.load_all(text, Loader=Loader) if d]
+            by_template[path] = parsed
+            docs.extend(parsed)
+        _render_cache[key] = (values, by_template, docs)
+    return _render_cache[key]
+
+
+def find(docs, kind, name=None):
+    hits = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return hits
+
+
+def one(docs, kind, name):
+    hits = find(docs, kind, name)
+    assert len(hits) == 1, f"expected one {kind} {name}, found {len(hits)}"
+    return hits[0]
+
+
+def containers(deploy, init=True):
+    spec = deploy["spec"]["template"]["spec"]
+    return list(spec.get("initContainers", []) if init else []) + list(spec["containers"])
+
+
+def container(deploy, name):
+    return next(c for c in containers(deploy) if c["name"] == name)
+
+
+def openssl(*args, stdin=None):
+    return subprocess.run(["openssl", *args], input=stdin, capture_output=True, text=True)
+
+
+def crd_schema(plural):
+    crd = yaml.safe_load((ROOT / "crds" / f"{plural}.yaml").read_text())
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+class Crds(unittest.TestCase):
+    def test_chart_copy_is_identical(self):
+        top = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+        chart = sorted(p.name for p in (CHART / "crds").glob("*.yaml"))
+        self.assertEqual(top, chart, "crds/ and chart/crds/ hold different files")
+        for name in top:
+            self.assertEqual(
+                (ROOT / "crds" / name).read_bytes(),
+                (CHART / "crds" / name).read_bytes(),
+                f"chart/crds/{name} differs from crds/{name}: cp crds/*.yaml chart/crds/",
+            )
+
+    def test_crds_validate_and_are_complete(self):
+        for path in sorted((ROOT / "crds").glob("*.yaml")):
+            crd = yaml.safe_load(path.read_text())
+            for v in KUBE_VERSIONS:
+                kubernetes_validate.validate(crd, v, strict=True)
+            spec = crd["spec"]
+            self.assertEqual(spec["group"], "haproxy-haptic.org")
+            self.assertTrue(spec["names"].get("shortNames"), path.name)
+            (version,) = spec["versions"]
+            self.assertEqual(version["name"], "v1alpha1")
+            self.assertIn("status", version["subresources"])
+            self.assertTrue(version["additionalPrinterColumns"])
+            self.assert_structural(version["schema"]["openAPIV3Schema"], path.name)
+
+    def assert_structural(self, node, where, top=True):
+        """Every node has a type (or preserves unknown fields); every property is described."""
+        self.assertNotIn("$ref", node, where)
+        if not node.get("x-kubernetes-preserve-unknown-fields"):
+            self.assertIn("type", node, f"{where}: no type")
+        for name, child in node.get("properties", {}).items():
+            path = f"{where}.{name}"
+            if not (top and name in ("apiVersion", "kind", "metadata")) and name != "metadata":
+                self.assertTrue(child.get("description"), f"{path}: no description")
+            self.assert_structural(child, path, top=False)
+        if isinstance(node.get("additionalProperties"), dict):
+            self.assert_structural(node["additionalProperties"], where + ".*", top=False)
+        if "items" in node:
+            self.assert_structural(node["items"], where + "[]", top=False)
+
+    def test_example_config_matches_schema(self):
+        example = yaml.safe_load((ROOT / "examples" / "haproxy-template-config.yaml").read_text())
+        jsonschema.validate(example, crd_schema("haproxytemplateconfigs"))
+
+
+class Lint(unittest.TestCase):
+    def test_lint_strict_is_clean(self):
+        for variant in ["defaults", "cert-manager", "everything", "single-replica"]:
+            for kube in ["v1.29.0", "v1.33.0"]:
+                report = helm_python.lint(
+                    str(CHART), VARIANTS[variant], strict=True, namespace=NAMESPACE, kube_version=kube
+                )
+                problems = [m for m in report["messages"] if m["severity"] >= 2]
+                self.assertEqual(report["errors"], [], f"{variant} {kube}: {report}")
+                self.assertEqual(problems, [], f"{variant} {kube}")
+
+    def test_schema_rejects_unknown_and_bad_values(self):
+        ch = Chart.load(str(CHART))
+        try:
+            for bad in [
+                {"controller": {"replicaCount": "two"}},
+                {"controler": {}},
+                {"haproxy": {"service": {"type": "External"}}},
+                {"certificates": {"provider": "vault"}},
+                {"controller": {"image": {"digest": "latest"}}},
+            ]:
+                with self.assertRaises(helm_python.HelmValuesError, msg=str(bad)):
+                    ch.render(bad, name=RELEASE, namespace=NAMESPACE)
+        finally:
+            ch.close()
+
+
+class Manifests(unittest.TestCase):
+    def test_every_manifest_validates_strictly(self):
+        tpl_schema = crd_schema("haproxytemplateconfigs")
+        for variant in VARIANTS:
+            _, _, docs = render(variant)
+            self.assertTrue(docs, variant)
+            for doc in docs:
+                gvk = (doc["apiVersion"], doc["kind"])
+                where = f"{variant}: {doc['kind']} {doc['metadata']['name']}"
+                if doc["kind"] == "HAProxyTemplateConfig":
+                    jsonschema.validate(doc, tpl_schema)
+                    continue
+                if gvk in THIRD_PARTY_KINDS:
+                    continue
+                for v in KUBE_VERSIONS:
+                    try:
+                        kubernetes_validate.validate(doc, v, strict=True)
+                    except kubernetes_validate.ValidationError as e:
+                        self.fail(f"{where} (Kubernetes {v}): {e.message} at {list(e.path)}")
+
+    def test_names_labels_and_namespaces(self):
+        _, _, docs = render("everything")
+        cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration", "IngressClass", "GatewayClass"}
+        for doc in docs:
+            meta = doc["metadata"]
+            self.assertEqual(meta["labels"]["app.kubernetes.io/instance"], RELEASE, doc["kind"])
+            self.assertEqual(meta["labels"]["app.kubernetes.io/managed-by"], "Helm")
+            if doc["kind"] in cluster_scoped:
+                self.assertNotIn("namespace", meta, doc["kind"])
+            else:
+                self.assertEqual(meta["namespace"], NAMESPACE, f"{doc['kind']} {meta['name']}")
+
+    def test_security_context(self):
+        for variant in ["defaults", "high-ports-capability", "low-ports-capability", "single-replica"]:
+            _, _, docs = render(variant)
+            for deploy in find(docs, "Deployment"):
+                pod = deploy["spec"]["template"]["spec"]
+                psc = pod["securityContext"]
+                self.assertTrue(psc["runAsNonRoot"])
+                self.assertNotEqual(psc["runAsUser"], 0)
+                self.assertEqual(psc["seccompProfile"]["type"], "RuntimeDefault")
+                for c in containers(deploy):
+                    sc = c["securityContext"]
+                    where = f"{variant}: {deploy['metadata']['name']}/{c['name']}"
+                    self.assertIs(sc["allowPrivilegeEscalation"], False, where)
+                    self.assertIs(sc["readOnlyRootFilesystem"], True, where)
+                    self.assertIs(sc.get("privileged", False), False, where)
+                    self.assertEqual(sc["capabilities"]["drop"], ["ALL"], where)
+                    added = sc["capabilities"].get("add", [])
+                    if variant == "low-ports-capability" and c["name"] == "haproxy":
+                        self.assertEqual(added, ["NET_BIND_SERVICE"], where)
+                    else:
+                        self.assertEqual(added, [], where)
+                    self.assertIn("limits", c["resources"], where)
+                    self.assertIn("requests", c["resources"], where)
+            haproxy = one(docs, "Deployment", f"{FULLNAME}-haproxy")
+            sysctls = haproxy["spec"]["template"]["spec"]["securityContext"].get("sysctls", [])
+            if variant in ("defaults", "single-replica"):
+                self.assertEqual(sysctls, [{"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}])
+            else:
+                self.assertEqual(sysctls, [], variant)
+            self.assertIs(haproxy["spec"]["template"]["spec"]["automountServiceAccountToken"], False)
+
+    def test_controller_pod(self):
+        _, _, docs = render("defaults")
+        deploy = one(docs, "Deployment", f"{FULLNAME}-controller")
+        self.assertEqual(deploy["spec"]["replicas"], 2)
+        pod = deploy["spec"]["template"]["spec"]
+        self.assertIn("podAntiAffinity", pod["affinity"])
+        c = container(deploy, "controller")
+        self.assertEqual(c["args"][0], "run")
+        self.assertEqual(
+            {p["name"]: p["containerPort"] for p in c["ports"]}, {"health": 8080, "metrics": 9090, "webhook": 9443}
+        )
+        self.assertEqual(c["livenessProbe"]["httpGet"], {"path": "/healthz", "port": "health"})
+        self.assertEqual(c["readinessProbe"]["httpGet"], {"path": "/readyz", "port": "health"})
+        env = {e["name"]: e for e in c["env"]}
+        self.assertEqual(env["CONFIG_NAME"]["value"], FULLNAME)
+        self.assertEqual(env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name")
+        self.assertEqual(env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace")
+        self.assertEqual(env["HAPROXY_BIN"]["value"], "/usr/local/sbin/haproxy")
+        for name, port in [("HEALTH_PORT", "8080"), ("METRICS_PORT", "9090"), ("WEBHOOK_PORT", "9443")]:
+            self.assertEqual(env[name]["value"], port)
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        self.assertIn("/tmp", mounts)
+        self.assertTrue(mounts["/etc/haptic/agent-client"]["readOnly"])
+        self.assertTrue(mounts["/etc/haptic/webhook"]["readOnly"])
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        self.assertIn("emptyDir", volumes["tmp"])
+        self.assertEqual(volumes["agent-client-tls"]["secret"]["secretName"], f"{FULLNAME}-agent-client-tls")
+        self.assertEqual(volumes["webhook-tls"]["secret"]["secretName"], f"{FULLNAME}-webhook-tls")
+        pdb = one(docs, "PodDisruptionBudget", f"{FULLNAME}-controller")
+        self.assertEqual(pdb["spec"]["minAvailable"], 1)
+        svc = one(docs, "Service", f"{FULLNAME}-controller")
+        self.assertEqual({p["name"]: p["targetPort"] for p in svc["spec"]["ports"]}, {"webhook": "webhook", "metrics": "metrics"})
+
+    def test_haproxy_pod(self):
+        _, _, docs = render("defaults")
+        deploy = one(docs, "Deployment", f"{FULLNAME}-haproxy")
+        self.assertEqual(deploy["spec"]["replicas"], 2)
+        pod = deploy["spec"]["template"]["spec"]
+        (init,) = pod["initContainers"]
+        self.assertEqual(init["args"][:3], ["init", "--bootstrap", "/etc/haptic/bootstrap/haproxy.cfg"])
+        self.assertIn("--config-dir", init["args"])
+        haproxy = container(deploy, "haproxy")
+        self.assertEqual(
+            haproxy["command"],
+            ["/usr/local/sbin/haproxy", "-W", "-db", "-S", "/run/haproxy/master.sock", "-f", "/etc/haproxy/haproxy.cfg"],
+        )
+        self.assertEqual({p["name"]: p["containerPort"] for p in haproxy["ports"]}, {"http": 80, "https": 443, "status": 8404})
+        self.assertEqual(haproxy["livenessProbe"]["httpGet"], {"path": "/healthz", "port": "status"})
+        self.assertEqual(haproxy["readinessProbe"]["httpGet"], {"path": "/ready", "port": "status"})
+        agent = container(deploy, "agent")
+        args = agent["args"]
+        self.assertEqual(args[0], "serve")
+        flags = dict(zip(args[1::2], args[2::2]))
+        self.assertEqual(flags["--config-dir"], "/etc/haproxy")
+        self.assertEqual(flags["--master-socket"], "/run/haproxy/master.sock")
+        self.assertEqual(flags["--listen"], "0.0.0.0:5555")
+        self.assertEqual(flags["--probe-listen"], "0.0.0.0:5556")
+        self.assertEqual(flags["--tls-cert"], "/etc/haptic/agent-tls/tls.crt")
+        self.assertEqual(flags["--client-ca"], "/etc/haptic/agent-tls/ca.crt")
+        self.assertEqual({p["name"]: p["containerPort"] for p in agent["ports"]}, {"agent": 5555, "agent-probes": 5556})
+        self.assertEqual(agent["livenessProbe"]["httpGet"]["port"], "agent-probes")
+        # The config directory is shared; HAProxy only reads it.
+        config_mounts = {c["name"]: m for c in containers(deploy) for m in c["volumeMounts"] if m["name"] == "config"}
+        self.assertEqual(set(config_mounts), {"bootstrap", "haproxy", "agent"})
+        self.assertTrue(config_mounts["haproxy"]["readOnly"])
+        self.assertFalse(config_mounts["agent"].get("readOnly", False))
+        svc = one(docs, "Service", f"{FULLNAME}-haproxy")
+        self.assertEqual(svc["spec"]["type"], "NodePort")
+        self.assertEqual(
+            {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]},
+            {"http": (80, "http"), "https": (443, "https")},
+        )
+        # The bootstrap config is valid HAProxy configuration.
+        cm = one(docs, "ConfigMap", f"{FULLNAME}-haproxy-bootstrap")
+        self.assert_haproxy_valid(cm["data"]["haproxy.cfg"])
+
+    def assert_haproxy_valid(self, cfg):
+        haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+        if not os.path.exists(haproxy):
+            self.skipTest("haproxy not installed")
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "haproxy.cfg"
+            p.write_text(cfg)
+            r = subprocess.run([haproxy, "-c", "-f", str(p)], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_service_variants(self):
+        _, _, docs = render("loadbalancer")
+        svc = one(docs, "Service", f"{FULLNAME}-haproxy")["spec"]
+        self.assertEqual(svc["type"], "LoadBalancer")
+        self.assertEqual(svc["externalTrafficPolicy"], "Local")
+        self.assertEqual({p["name"]: p["nodePort"] for p in svc["ports"]}, {"http": 30080, "https": 30443})
+        _, _, docs = render("high-ports-capability")
+        haproxy = container(one(docs, "Deployment", f"{FULLNAME}-haproxy"), "haproxy")
+        self.assertEqual({p["name"]: p["containerPort"] for p in haproxy["ports"]}, {"http": 8080, "https": 8443, "status": 8404})
+
+    def test_single_replica(self):
+        _, _, docs = render("single-replica")
+        self.assertEqual(one(docs, "Deployment", f"{FULLNAME}-controller")["spec"]["replicas"], 1)
+        self.assertEqual(one(docs, "Deployment", f"{FULLNAME}-haproxy")["spec"]["replicas"], 1)
+        self.assertEqual(find(docs, "PodDisruptionBudget"), [], "a PDB with one replica blocks node drains")
+        cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)
+        self.assertIs(cfg["spec"]["controller"]["leaderElection"]["enabled"], False)
+
+    def test_images(self):
+        _, _, docs = render("defaults")
+        images = {c["name"]: c["image"] for d in find(docs, "Deployment") for c in containers(d)}
+        self.assertEqual(images["controller"], "ghcr.io/haproxy-haptic/haptic-controller:0.1.0")
+        self.assertEqual(images["agent"], "ghcr.io/haproxy-haptic/haptic-agent:0.1.0")
+        self.assertEqual(images["bootstrap"], images["agent"])
+        self.assertEqual(images["haproxy"], "docker.io/library/haproxy:3.2")
+        _, _, docs = render("custom-registry")
+        for d in find(docs, "Deployment"):
+            pod = d["spec"]["template"]["spec"]
+            self.assertEqual(pod["imagePullSecrets"], [{"name": "regcred"}, {"name": "other"}])
+            for c in containers(d):
+                self.assertTrue(c["image"].startswith("registry.internal:5000/"), c["image"])
+        controller = container(one(docs, "Deployment", f"{FULLNAME}-controller"), "controller")
+        self.assertTrue(controller["image"].endswith("@sha256:" + "a" * 64))
+
+    def test_no_external_urls(self):
+        """Air-gapped: nothing rendered points at an external URL (images aside; redirect
+        templates inside the HAProxyTemplateConfig are HAProxy configuration, not fetches)."""
+        for variant in VARIANTS:
+            _, by_template, _ = render(variant)
+            for path, docs in by_template.items():
+                if path.endswith("NOTES.txt"):
+                    continue
+                text = yaml.safe_dump_all([d for d in docs if d["kind"] != "HAProxyTemplateConfig"])
+                for url in re.findall(r"https?://[^\s\"']+", text):
+                    self.fail(f"{variant} {path}: external URL {url}")
+
+    def test_network_policies(self):
+        _, _, docs = render("everything")
+        controller = one(docs, "NetworkPolicy", f"{FULLNAME}-controller")["spec"]
+        ports = {p["port"] for rule in controller["ingress"] for p in rule["ports"]}
+        self.assertEqual(ports, {"webhook", "health", "metrics"})
+        metrics_rule = next(r for r in controller["ingress"] if r["ports"][0]["port"] == "metrics")
+        self.assertEqual(metrics_rule["from"], VARIANTS["everything"]["networkPolicy"]["metricsFrom"])
+        haproxy = one(docs, "NetworkPolicy", f"{FULLNAME}-haproxy")["spec"]
+        agent_rule = next(r for r in haproxy["ingress"] if r["ports"][0]["port"] == "agent")
+        self.assertEqual(agent_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"], "controller")
+        # Every named port in a policy exists on the selected pods.
+        for policy, deploy in [(controller, f"{FULLNAME}-controller"), (haproxy, f"{FULLNAME}-haproxy")]:
+            names = {p["name"] for c in containers(one(docs, "Deployment", deploy), init=False) for p in c.get("ports", [])}
+            for rule in policy["ingress"]:
+                for p in rule["ports"]:
+                    self.assertIn(p["port"], names)
+
+    def test_classes_and_monitoring(self):
+        _, _, docs = render("everything")
+        ic = one(docs, "IngressClass", "haproxy")
+        self.assertEqual(ic["metadata"]["annotations"]["ingressclass.kubernetes.io/is-default-class"], "true")
+        self.assertEqual(ic["spec"]["controller"], "haproxy-haptic.org/controller")
+        gc = one(docs, "GatewayClass", "haproxy")
+        self.assertEqual(gc["spec"]["controllerName"], "haproxy-haptic.org/controller")
+        sm = one(docs, "ServiceMonitor", f"{FULLNAME}-controller")
+        self.assertEqual(sm["spec"]["endpoints"][0]["port"], "metrics")
+        self.assertEqual(sm["metadata"]["labels"]["release"], "prom")
+        one(docs, "PodMonitor", f"{FULLNAME}-haproxy")
+        rule = one(docs, "PrometheusRule", FULLNAME)
+        exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
+        self.assertTrue(set(re.findall(r"haptic_[a-z_]+", exprs)))
+        dash = one(docs, "ConfigMap", f"{FULLNAME}-dashboard")
+        json.loads(dash["data"]["haptic.json"])
+        _, _, docs = render("defaults")
+        self.assertEqual(find(docs, "GatewayClass"), [], "gateway is auto: off without the Gateway API")
+        self.assertEqual(find(docs, "ServiceMonitor") + find(docs, "PrometheusRule"), [])
+
+
+class Rbac(unittest.TestCase):
+    def rules(self, docs, kind, name):
+        return one(docs, kind, name)["rules"]
+
+    def allows(self, rules, group, resource, verbs):
+        for verb in verbs:
+            if not any(
+                group in r["apiGroups"] and resource in r["resources"] and verb in r["verbs"] for r in rules
+            ):
+                return False
+        return True
+
+    def test_rbac_covers_every_watched_resource(self):
+        for variant in VARIANTS:
+            _, _, docs = render(variant)
+            cluster = self.rules(docs, "ClusterRole", f"{FULLNAME}-{NAMESPACE}")
+            cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
+            for name, w in cfg.get("watchedResources", {}).items():
+                group = w["apiVersion"].split("/")[0] if "/" in w["apiVersion"] else ""
+                self.assertTrue(
+                    self.allows(cluster, group, w["resources"], ["get", "list", "watch"]),
+                    f"{variant}: watchedResources.{name} ({group}/{w['resources']}) not readable",
+                )
+                if (group, w["resources"]) == ("networking.k8s.io", "ingresses") or group == "gateway.networking.k8s.io":
+                    self.assertTrue(
+                        self.allows(cluster, group, w["resources"] + "/status", ["update", "patch"]),
+                        f"{variant}: cannot write {w['resources']}/status",
+                    )
+            # Nothing writable cluster-wide except status subresources.
+            for r in cluster:
+                if set(r["verbs"]) - {"get", "list", "watch"}:
+                    self.assertTrue(all(res.endswith("/status") for res in r["resources"]), r)
+            ns = self.rules(docs, "Role", f"{FULLNAME}-controller")
+            for group, resource, verbs in [
+                ("coordination.k8s.io", "leases", ["get", "create", "update"]),
+                ("", "pods", ["get", "list", "watch"]),
+                ("", "secrets", ["get", "list", "watch"]),
+                ("", "events", ["create", "patch"]),
+                ("haproxy-haptic.org", "haproxytemplateconfigs", ["get", "list", "watch"]),
+                ("haproxy-haptic.org", "haproxytemplateconfigs/status", ["update", "patch"]),
+                ("haproxy-haptic.org", "haproxycfgs", ["get", "create", "update", "patch"]),
+                ("haproxy-haptic.org", "haproxycfgs/status", ["update", "patch"]),
+            ]:
+                self.assertTrue(self.allows(ns, group, resource, verbs), f"{variant}: Role lacks {group}/{resource} {verbs}")
+            for binding, role_kind in [("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")]:
+                (b,) = find(docs, binding)
+                self.assertEqual(b["roleRef"]["kind"], role_kind)
+                self.assertEqual(b["subjects"][0]["name"], f"{FULLNAME}-controller")
+
+    def test_rbac_from_a_library_set(self):
+        """A temporary chart copy with synthetic libraries: RBAC follows whatever is watched."""
+        with tempfile.TemporaryDirectory() as d:
+            chart = Path(d) / "haptic"
+            shutil.copytree(CHART, chart)
+            shutil.rmtree(chart / "libraries", ignore_errors=True)
+            (chart / "libraries").mkdir()
+            (chart / "libraries" / "base.yaml").write_text(
+                "haproxyConfig:\n  template: |\n    global\nwatchedResources:\n"
+                "  services: {apiVersion: v1, resources: services, indexBy: [metadata.name]}\n"
+            )
+            (chart / "libraries" / "gateway.yaml").write_text(
+                "apiVersion: haproxy-haptic.org/v1alpha1\nkind: HAProxyTemplateConfig\nmetadata: {name: x}\nspec:\n"
+                "  watchedResources:\n"
+                "    httproutes: {apiVersion: gateway.networking.k8s.io/v1, resources: httproutes, indexBy: [metadata.name], enableValidationWebhook: true}\n"
+                "    tlsroutes: {apiVersion: gateway.networking.k8s.io/v1alpha2, resources: tlsroutes, indexBy: [metadata.name]}\n"
+                "---\n"
+                "watchedResources:\n"
+                "  widgets: {apiVersion: example.com/v1, resources: widgets, indexBy: [metadata.name]}\n"
+            )
+            ch = Chart.load(str(chart))
+            try:
+                out = ch.render({"libraries": {"gateway": {"enabled": True}}}, name=RELEASE, namespace=NAMESPACE)
+            finally:
+                ch.close()
+        docs = [x for path, t in out.items() if not path.endswith("NOTES.txt") for x in yaml.safe_load_all(t) if x]
+        cluster = self.rules(docs, "ClusterRole", f"{FULLNAME}-{NAMESPACE}")
+        self.assertTrue(self.allows(cluster, "", "services", ["list", "watch"]))
+        self.assertTrue(self.allows(cluster, "example.com", "widgets", ["list", "watch"]))
+        self.assertTrue(self.allows(cluster, "gateway.networking.k8s.io", "httproutes", ["list", "watch"]))
+        self.assertTrue(self.allows(cluster, "gateway.networking.k8s.io", "tlsroutes/status", ["update"]))
+        self.assertFalse(self.allows(cluster, "", "services/status", ["update"]))
+        spec = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
+        self.assertEqual(set(spec["watchedResources"]), {"services", "httproutes", "tlsroutes", "widgets"})
+        webhook = one(docs, "ValidatingWebhookConfiguration", f"{FULLNAME}-{NAMESPACE}")
+        rules = [r for w in webhook["webhooks"] if w["name"].startswith("resources.") for r in w["rules"]]
+        self.assertEqual([(r["apiGroups"], r["resources"]) for r in rules], [(["gateway.networking.k8s.io"], ["httproutes"])])
+
+
+class Certificates(unittest.TestCase):
+    def secret_pem(self, docs, name, key):
+        return base64.b64decode(one(docs, "Secret", name)["data"][key]).decode()
+
+    def test_webhook_ca_bundle_and_certificates(self):
+        _, _, docs = render("defaults")
+        ca = self.secret_pem(docs, f"{FULLNAME}-agent-client-tls", "ca.crt")
+        webhook = one(docs, "ValidatingWebhookConfiguration", f"{FULLNAME}-{NAMESPACE}")
+        self.assertEqual({w["name"].split(".")[0] for w in webhook["webhooks"]}, {"resources", "config"})
+        for w in webhook["webhooks"]:
+            self.assertEqual(base64.b64decode(w["clientConfig"]["caBundle"]).decode(), ca, w["name"])
+            self.assertEqual(w["clientConfig"]["service"]["name"], f"{FULLNAME}-controller")
+            self.assertEqual(w["clientConfig"]["service"]["path"], "/validate")
+            self.assertEqual(w["sideEffects"], "None")
+            self.assertLessEqual(w["timeoutSeconds"], 10)
+        resources = next(w for w in webhook["webhooks"] if w["name"].startswith("resources."))
+        self.assertEqual(resources["failurePolicy"], "Fail")
+        spec = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
+        hooked = sorted(w["resources"] for w in spec["watchedResources"].values() if w.get("enableValidationWebhook"))
+        self.assertEqual(sorted(r["resources"][0] for r in resources["rules"]), hooked)
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "ca.crt").write_text(ca)
+            checks = [
+                (f"{FULLNAME}-agent-server-tls", "haptic-agent", "sslserver"),
+                (f"{FULLNAME}-agent-client-tls", None, "sslclient"),
+                (f"{FULLNAME}-webhook-tls", f"{FULLNAME}-controller.{NAMESPACE}.svc", "sslserver"),
+            ]
+            for secret, host, purpose in checks:
+                self.assertEqual(self.secret_pem(docs, secret, "ca.crt"), ca, secret)
+                crt = Path(d) / f"{secret}.crt"
+                crt.write_text(self.secret_pem(docs, secret, "tls.crt"))
+                args = ["verify", "-CAfile", str(Path(d) / "ca.crt"), "-purpose", purpose]
+                if host:
+                    args += ["-verify_hostname", host]
+                r = openssl(*args, str(crt))
+                self.assertEqual(r.returncode, 0, f"{secret}: {r.stdout}{r.stderr}")
+                key = self.secret_pem(docs, secret, "tls.key")
+                pub_crt = openssl("x509", "-noout", "-pubkey", "-in", str(crt)).stdout
+                pub_key = openssl("pkey", "-pubout", stdin=key).stdout
+                self.assertEqual(pub_crt, pub_key, f"{secret}: key does not match certificate")
+        creds = one(docs, "Secret", f"{FULLNAME}-credentials")["data"]
+        self.assertGreaterEqual(len(base64.b64decode(creds["password"])), 24)
+
+    def test_cert_manager(self):
+        for variant in ["cert-manager", "cert-manager-issuer"]:
+            _, _, docs = render(variant)
+            names = {s["metadata"]["name"] for s in find(docs, "Secret")}
+            self.assertNotIn(f"{FULLNAME}-webhook-tls", names)
+            certs = {c["spec"]["secretName"]: c for c in find(docs, "Certificate")}
+            for secret in ["agent-server-tls", "agent-client-tls", "webhook-tls"]:
+                self.assertIn(f"{FULLNAME}-{secret}", certs)
+            self.assertEqual(certs[f"{FULLNAME}-agent-server-tls"]["spec"]["dnsNames"], ["haptic-agent"])
+            self.assertIn("client auth", certs[f"{FULLNAME}-agent-client-tls"]["spec"]["usages"])
+            self.assertIn(f"{FULLNAME}-controller.{NAMESPACE}.svc", certs[f"{FULLNAME}-webhook-tls"]["spec"]["dnsNames"])
+            webhook = one(docs, "ValidatingWebhookConfiguration", f"{FULLNAME}-{NAMESPACE}")
+            self.assertEqual(
+                webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"], f"{NAMESPACE}/{FULLNAME}-webhook-tls"
+            )
+            for w in webhook["webhooks"]:
+                self.assertNotIn("caBundle", w["clientConfig"])
+            issuers = find(docs, "Issuer")
+            if variant == "cert-manager":
+                self.assertEqual(len(issuers), 2)
+                self.assertEqual(certs[f"{FULLNAME}-webhook-tls"]["spec"]["issuerRef"]["name"], f"{FULLNAME}-ca")
+            else:
+                self.assertEqual(issuers, [])
+                self.assertEqual(certs[f"{FULLNAME}-webhook-tls"]["spec"]["issuerRef"]["kind"], "ClusterIssuer")
+
+    def test_insecure_agent_transport(self):
+        _, _, docs = render("insecure-agent")
+        agent = container(one(docs, "Deployment", f"{FULLNAME}-haproxy"), "agent")
+        self.assertIn("--insecure-http-with-basic-auth", agent["args"])
+        self.assertNotIn("--tls-cert", agent["args"])
+        self.assertEqual(find(docs, "ValidatingWebhookConfiguration"), [])
+
+
+class Config(unittest.TestCase):
+    """The rendered HAProxyTemplateConfig is `haptic config merge` of the enabled libraries,
+    the chart's settings and controller.config."""
+
+    def expected_libraries(self, values):
+        libs = deep_merge(yaml.safe_load((CHART / "values.yaml").read_text())["libraries"], values.get("libraries", {}))
+        out = []
+        for key, file in LIBRARY_ORDER:
+            if not (CHART / "libraries" / file).exists():
+                continue
+            if libs[key]["enabled"] is True:  # "auto" is off in an offline render
+                out.append(file)
+        return out
+
+    def chart_fragment(self, values):
+        v = deep_merge(yaml.safe_load((CHART / "values.yaml").read_text()), values)
+        h = v["haproxy"]["ports"]
+        le = v["controller"]["leaderElection"]
+        return {
+            "credentialsSecretRef": {"name": f"{FULLNAME}-credentials"},
+            "podSelector": {
+                "matchLabels": {
+                    "app.kubernetes.io/name": "haptic",
+                    "app.kubernetes.io/instance": RELEASE,
+                    "app.kubernetes.io/component": "haproxy",
+                }
+            },
+            "controller": {
+                "leaderElection": {
+                    "enabled": le["enabled"],
+                    "leaseName": f"{FULLNAME}-leader",
+                    "leaseDuration": le["leaseDuration"],
+                    "renewDeadline": le["renewDeadline"],
+                    "retryPeriod": le["retryPeriod"],
+                }
+            },
+            "dataplane": {
+                "port": v["agent"]["port"],
+                "configFile": "/etc/haproxy/haproxy.cfg",
+                "mapsDir": "/etc/haproxy/maps",
+                "sslCertsDir": "/etc/haproxy/ssl",
+                "generalStorageDir": "/etc/haproxy/general",
+            },
+            "templatingSettings": {
+                "extraContext": {
+                    "http_port": h["http"],
+                    "https_port": h["https"],
+                    "status_port": h["status"],
+                    "default_ssl_cert_namespace": v["defaultSSLCertificate"]["namespace"] or NAMESPACE,
+                    "default_ssl_cert_name": v["defaultSSLCertificate"]["name"],
+                    "ingress_class": v["ingressClass"]["name"],
+                    "ingress_controller": v["ingressClass"]["controllerName"],
+                    "gateway_class": v["gatewayClass"]["name"],
+                }
+            },
+        }
+
+    def haptic_merge(self, files):
+        haptic = os.environ.get("HAPTIC_BIN")
+        if not haptic:
+            self.skipTest("HAPTIC_BIN not set (run scripts/test-chart.sh)")
+        args = [haptic, "config", "merge"]
+        for f in files:
+            args += ["-f", str(f)]
+        r = subprocess.run(args, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        merged = yaml.load(r.stdout, Loader=Loader)
+        return merged.get("spec", merged) if "kind" in merged else merged
+
+    def check(self, variant, extra=None):
+        values, _, docs = render(variant, extra)
+        cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)
+        libs = self.expected_libraries(values)
+        self.assertEqual(cfg["metadata"]["annotations"]["haproxy-haptic.org/libraries"], ",".join(libs))
+        with tempfile.TemporaryDirectory() as d:
+            chart_file = Path(d) / "chart.yaml"
+            chart_file.write_text(yaml.safe_dump(self.chart_fragment(values)))
+            files = [CHART / "libraries" / f for f in libs] + [chart_file]
+            user = values.get("controller", {}).get("config")
+            if user:
+                user_file = Path(d) / "user.yaml"
+                user_file.write_text(yaml.safe_dump(user))
+                files.append(user_file)
+            expected = self.haptic_merge(files)
+        self.assertEqual(cfg["spec"], expected, f"{variant}: rendered spec differs from haptic config merge")
+        return cfg["spec"]
+
+    def test_config_equals_haptic_config_merge(self):
+        for variant in ["defaults", "libraries-toggled", "base-only", "single-replica", "user-overrides", "high-ports-capability"]:
+            with self.subTest(variant=variant):
+                self.check(variant)
+
+    def test_user_null_removes_library_keys(self):
+        spec = self.check("defaults")
+        snippets = sorted(spec.get("templateSnippets", {}))
+        watched = sorted(spec.get("watchedResources", {}))
+        if not snippets or not watched:
+            self.skipTest("no library with snippets and watched resources")
+        extra = {
+            "controller": {
+                "config": {
+                    "templateSnippets": {snippets[0]: None, "my-extra": {"template": "# mine\n"}},
+                    "watchedResources": {watched[0]: None},
+                    "watchedResourcesIgnoreFields": [],
+                }
+            }
+        }
+        spec = self.check("defaults", extra)
+        self.assertNotIn(snippets[0], spec["templateSnippets"])
+        self.assertIn("my-extra", spec["templateSnippets"])
+        self.assertNotIn(watched[0], spec["watchedResources"])
+
+    def test_extra_context_from_values(self):
+        spec = self.check("high-ports-capability")
+        ctx = spec["templatingSettings"]["extraContext"]
+        self.assertEqual((ctx["http_port"], ctx["https_port"], ctx["status_port"]), (8080, 8443, 8404))
+        spec = self.check("user-overrides")
+        self.assertEqual(spec["templatingSettings"]["extraContext"]["http_port"], 8081)
+        self.assertEqual(spec["templatingSettings"]["extraContext"]["custom_key"], "custom")
+
+    def test_rendered_config_passes_haptic_validation(self):
+        """The default config loads as a valid config (haptic validate's structural checks)."""
+        haptic = os.environ.get("HAPTIC_BIN")
+        if not haptic:
+            self.skipTest("HAPTIC_BIN not set")
+        _, _, docs = render("defaults")
+        cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)
+        if "haproxyConfig" not in cfg["spec"]:
+            self.skipTest("no library provides haproxyConfig")
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "cfg.yaml"
+            p.write_text(yaml.safe_dump(cfg))
+            r = subprocess.run(
+                [haptic, "render", "-f", str(p), "-o", str(Path(d) / "out")], capture_output=True, text=True
+            )
+            self.assertNotIn("invalid HAProxyTemplateConfig", r.stderr)
+
+
+class Dockerfile(unittest.TestCase):
+    def stages(self):
+        text = (ROOT / "Dockerfile").read_text()
+        lines = re.sub(r"\\\n", " ", text).splitlines()
+        stages, current = [], None
+        for line in lines:
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            word, _, rest = line.partition(" ")
+            if word.upper() == "FROM":
+                m = re.match(r"(?:--platform=\S+\s+)?(\S+)(?:\s+AS\s+(\S+))?$", rest.strip(), re.I)
+                self.assertIsNotNone(m, line)
+                current = {"from": m.group(1), "name": m.group(2), "instructions": []}
+                stages.append(current)
+            elif current is None:
+                self.assertEqual(word.upper(), "ARG", f"only ARG may precede the first FROM: {line}")
+            else:
+                current["instructions"].append((word.upper(), rest.strip()))
+        return text, stages
+
+    def test_stages(self):
+        text, stages = self.stages()
+        names = [s["name"] for s in stages]
+        for needed in ["haproxy-build", "rust-build", "controller", "agent"]:
+            self.assertIn(needed, names)
+        by_name = {s["name"]: s for s in stages}
+        for final, binaries in [("controller", ["haptic", "haproxy"]), ("agent", ["haptic-agent", "haproxy"])]:
+            stage = by_name[final]
+            self.assertEqual(stage["from"], "scratch", f"{final} must start from scratch")
+            instr = stage["instructions"]
+            copies = [rest for word, rest in instr if word == "COPY"]
+            self.assertTrue(all("--from=" in c for c in copies), f"{final}: COPY only from build stages")
+            copied = " ".join(copies)
+            for b in binaries:
+                self.assertRegex(copied, rf"/{re.escape(b)}\b", f"{final}: {b} not copied")
+            users = [rest for word, rest in instr if word == "USER"]
+            self.assertTrue(users and re.fullmatch(r"[1-9][0-9]*(:[1-9][0-9]*)?", users[-1]), f"{final}: numeric non-root USER")
+            labels = " ".join(rest for word, rest in instr if word == "LABEL")
+            for key in ["org.opencontainers.image.title", "org.opencontainers.image.source", "org.opencontainers.image.version",
+                        "org.opencontainers.image.licenses"]:
+                self.assertIn(key, labels, final)
+            self.assertTrue(any(word == "ENTRYPOINT" for word, _ in instr), final)
+            self.assertFalse(any(word in ("RUN", "ADD") for word, _ in instr), f"{final}: scratch stages cannot RUN")
+        # The HAProxy build is static and its version matches the chart's HAProxy image.
+        build = " ".join(rest for _, rest in by_name["haproxy-build"]["instructions"])
+        self.assertIn("-static", build)
+        self.assertIn("haproxy -vv", build)
+        chart_tag = yaml.safe_load((CHART / "values.yaml").read_text())["haproxy"]["image"]["tag"]
+        m = re.search(r"ARG HAPROXY_VERSION=(\d+\.\d+)\.\d+", text)
+        self.assertIsNotNone(m)
+        self.assertEqual(m.group(1), chart_tag, "the static haproxy and the chart's HAProxy image differ in major.minor")
+        rust = " ".join(rest for _, rest in by_name["rust-build"]["instructions"])
+        self.assertIn("x86_64-unknown-linux-musl", rust)
+        # Image paths the chart relies on.
+        self.assertIn("/usr/local/sbin/haproxy", text)
+
+    def test_dockerignore(self):
+        ignored = (ROOT / ".dockerignore").read_text().split()
+        for entry in ["target", ".git", ".venv"]:
+            self.assertTrue(any(entry in line for line in ignored), entry)
+
+
+class Docs(unittest.TestCase):
+    def test_values_reference_in_sync(self):
+        doc = (ROOT / "docs" / "install.md").read_text()
+        generated = values_doc.render_table(json.loads((CHART / "values.schema.json").read_text()),
+                                            yaml.safe_load((CHART / "values.yaml").read_text()))
+        current = values_doc.extract(doc)
+        self.assertIsNotNone(current, "docs/install.md lacks the values reference markers")
+        self.assertEqual(current, generated, "values reference out of date: run python3 tests/chart/values_doc.py --write")
+
+    def test_every_value_is_in_the_schema(self):
+        values = yaml.safe_load((CHART / "values.yaml").read_text())
+        schema = json.loads((CHART / "values.schema.json").read_text())
+
+        def walk(v, s, path):
+            self.assertTrue(s.get("description"), f"{path}: no description in the schema")
+            if isinstance(v, dict) and s.get("properties"):
+                for k, child in v.items():
+                    self.assertIn(k, s["properties"], f"{path}.{k} not in values.schema.json")
+                    walk(child, s["properties"][k], f"{path}.{k}")
+
+        for k, v in values.items():
+            walk(v, schema["properties"][k], k)
+
+    def test_notes(self):
+        _, by_template, _ = render("defaults")
+        notes = by_template["haptic/templates/NOTES.txt"]
+        self.assertIn(f"kubectl -n {NAMESPACE} get haproxytemplateconfig {FULLNAME}", notes)
+
+
+MONITORING_CRDS = [("monitoring.coreos.com", "servicemonitors", "ServiceMonitor"),
+                   ("monitoring.coreos.com", "podmonitors", "PodMonitor"),
+                   ("monitoring.coreos.com", "prometheusrules", "PrometheusRule"),
+                   ("cert-manager.io", "certificates", "Certificate"),
+                   ("cert-manager.io", "issuers", "Issuer")]
+
+
+def minimal_crd(group, plural, kind, scope="Namespaced", version="v1"):
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": scope,
+            "names": {"plural": plural, "kind": kind, "singular": kind.lower()},
+            "versions": [{"name": version, "served": True, "storage": True,
+                          "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+        },
+    }
+
+
+class DevApiserver(unittest.TestCase):
+    """The rendered chart applied with kubectl to the dev API server creates every object."""
+
+    @classmethod
+    def setUpClass(cls):
+        binary = os.environ.get("HAPTIC_DEV_APISERVER")
+        if not binary:
+            raise unittest.SkipTest("HAPTIC_DEV_APISERVER not set (run scripts/test-chart.sh)")
+        cls.kubectl = os.environ.get("HAPTIC_KUBECTL") or shutil.which("kubectl")
+        if not cls.kubectl:
+            raise unittest.SkipTest("kubectl not found")
+        cls.dir = tempfile.mkdtemp(prefix="haptic-chart-")
+        cls.kubeconfig = os.path.join(cls.dir, "kubeconfig")
+        cls.proc = subprocess.Popen(
+            [binary, "--listen", "127.0.0.1:0", "--kubeconfig-out", cls.kubeconfig, "--log-level", "warn"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        ready, _, _ = select.select([cls.proc.stdout], [], [], 30)
+        line = cls.proc.stdout.readline() if ready else ""
+        if not line.startswith("ready "):
+            cls.proc.kill()
+            raise RuntimeError(f"dev apiserver did not print its ready line within 30 s: {line!r}")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.kill()
+        cls.proc.wait()
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def run_kubectl(self, *args, stdin=None):
+        r = subprocess.run([self.kubectl, "--kubeconfig", self.kubeconfig, *args], input=stdin,
+                           capture_output=True, text=True, timeout=120)
+        return r
+
+    def apply(self, docs):
+        text = yaml.safe_dump_all(docs)
+        r = self.run_kubectl("apply", "--validate=false", "-f", "-", stdin=text)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r.stdout
+
+    def test_apply_rendered_chart(self):
+        r = self.run_kubectl("create", "namespace", NAMESPACE)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        crds = [yaml.safe_load(p.read_text()) for p in sorted((CHART / "crds").glob("*.yaml"))]
+        crds += [minimal_crd(*c) for c in MONITORING_CRDS]
+        crds.append(minimal_crd("gateway.networking.k8s.io", "gatewayclasses", "GatewayClass", scope="Cluster"))
+        self.apply(crds)
+        for variant in ["defaults", "everything", "cert-manager"]:
+            _, _, docs = render(variant)
+            out = self.apply(docs)
+            for doc in docs:
+                kind, name = doc["kind"], doc["metadata"]["name"]
+                ns = ["-n", doc["metadata"]["namespace"]] if "namespace" in doc["metadata"] else []
+                resource = kind.lower() + ("." + doc["apiVersion"].split("/")[0] if "/" in doc["apiVersion"] else "")
+                r = self.run_kubectl("get", resource, name, *ns, "-o", "json")
+                self.assertEqual(r.returncode, 0, f"{variant}: {kind} {name} not created: {r.stderr}\n{out}")
+                stored = json.loads(r.stdout)
+                if kind in ("Deployment", "ConfigMap", "HAProxyTemplateConfig"):
+                    self.assertEqual(stored.get("spec", stored.get("data")), doc.get("spec", doc.get("data")), f"{kind} {name}")
+
+
+if __name__ == "__main__":
+    unittest.main()
