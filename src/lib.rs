@@ -6,9 +6,13 @@
 
 pub mod cli;
 pub mod config;
+pub mod controller;
+pub mod deploy;
 pub mod kinds;
 pub mod kube;
 pub mod logger;
+pub mod metrics;
 pub mod render;
+pub mod serve;
 pub mod store;
 pub mod validate;

@@ -4,6 +4,7 @@
 mod args;
 mod config;
 mod render;
+mod run;
 mod validate;
 mod version;
 
@@ -14,6 +15,7 @@ const TOP_USAGE: &str = "haptic: HAProxy Template Ingress Controller
 Usage: haptic <command> [options]
 
 Commands:
+  run        Run the controller (in a cluster, or against a kubeconfig)
   render     Render a config against fixture manifests into a directory (offline)
   validate   Run a config's embedded validation tests (offline)
   config     Config utilities: `config merge -f A -f B` prints the merged config
@@ -37,6 +39,12 @@ impl From<String> for CommandError {
     }
 }
 
+impl From<&str> for CommandError {
+    fn from(s: &str) -> Self {
+        CommandError::Message(s.to_string())
+    }
+}
+
 impl From<Reported> for CommandError {
     fn from(_: Reported) -> Self {
         CommandError::Reported
@@ -57,6 +65,7 @@ pub fn main(args: Vec<String>) -> ExitCode {
     };
     let rest = &args[1..];
     let result = match command.as_str() {
+        "run" => run::run(rest),
         "render" => render::run(rest),
         "validate" => validate::run(rest),
         "config" => config::run(rest),

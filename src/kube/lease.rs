@@ -46,6 +46,16 @@ pub struct Leadership {
 }
 
 impl Leadership {
+    /// Leadership without election (single replica): always leading, epoch 0.
+    pub fn always() -> Leadership {
+        Leadership {
+            state: std::sync::Mutex::new(Some((
+                Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600),
+                0,
+            ))),
+        }
+    }
+
     pub fn is_leader(&self) -> bool {
         self.epoch().is_some()
     }
@@ -65,8 +75,14 @@ pub fn lease_resource() -> ResourceRef {
     ResourceRef::new("coordination.k8s.io/v1", "leases", true)
 }
 
+/// RFC 3339 in seconds (`Time`), in UTC.
+pub fn rfc3339(t: SystemTime) -> String {
+    let micro = micro_time(t);
+    format!("{}Z", &micro[..19])
+}
+
 /// RFC 3339 with microseconds (`MicroTime`), in UTC.
-fn micro_time(t: SystemTime) -> String {
+pub fn micro_time(t: SystemTime) -> String {
     let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
     let secs = d.as_secs() as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));

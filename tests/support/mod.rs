@@ -3,9 +3,11 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -46,28 +48,12 @@ impl Drop for TempDir {
     }
 }
 
-/// The dev API server binary, built by `cargo test --workspace` next to this test's binary
-/// (or built here when this test runs alone).
+/// The dev API server binary (`HAPTIC_DEV_APISERVER` overrides).
 pub fn apiserver_binary() -> PathBuf {
     if let Ok(path) = std::env::var("HAPTIC_DEV_APISERVER") {
         return PathBuf::from(path);
     }
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let bin = dir.join("haptic-dev-apiserver");
-    if !bin.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let release = dir.file_name().is_some_and(|n| n == "release");
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "haptic-dev-apiserver"])
-            .args(release.then_some("--release"))
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .unwrap();
-        assert!(status.success(), "building haptic-dev-apiserver failed");
-    }
-    assert!(bin.exists(), "{} missing", bin.display());
-    bin
+    cluster::workspace_binary("haptic-dev-apiserver", "haptic-dev-apiserver")
 }
 
 /// A running dev API server, killed on drop.

@@ -1,0 +1,315 @@
+//! The reconciler (every replica, so a standby is warm): leading-edge debounce, render,
+//! classify against the last validated bundle, `haproxy -c` unless the change is runtime-only,
+//! then publish to the deployer. A failed render or validation keeps the last good bundle.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{select, Receiver, Sender};
+use haptic_agent::classify::{classify, Classification};
+use haptic_agent::protocol::Bundle;
+
+use super::state::{lock, ActiveConfig, Shared};
+use super::status::StatusMsg;
+use super::watchers::Watchers;
+use crate::config::model::HAPROXY_PODS;
+use crate::deploy::{DeployMsg, Published};
+use crate::kube::reflector::ReflectorEvent;
+use crate::metrics::DURATION_BUCKETS;
+use crate::render::current_config::CurrentConfig;
+use crate::render::RenderInputs;
+use crate::validate::haproxy::check_bundle;
+
+pub enum ControlMsg {
+    Config(Arc<ActiveConfig>),
+    /// The deployed config as last published (HAProxyCfg), to keep server slots stable.
+    CurrentConfig(String),
+    Shutdown,
+}
+
+pub struct Reconciler {
+    pub shared: Arc<Shared>,
+    pub watchers: Arc<Mutex<Watchers>>,
+    pub store_events: Receiver<ReflectorEvent>,
+    pub control: Receiver<ControlMsg>,
+    pub deployer: Sender<DeployMsg>,
+    pub status: Sender<StatusMsg>,
+    pub haproxy_bin: String,
+}
+
+struct Loop {
+    config: Option<Arc<ActiveConfig>>,
+    pending: bool,
+    first_change: Option<Instant>,
+    last_render: Option<Instant>,
+    last_validated: Option<Bundle>,
+    current_config: Option<Arc<CurrentConfig>>,
+}
+
+impl Reconciler {
+    pub fn run(self) {
+        let mut s = Loop {
+            config: None,
+            pending: false,
+            first_change: None,
+            last_render: None,
+            last_validated: None,
+            current_config: None,
+        };
+        loop {
+            let timeout = self.next_timeout(&s);
+            select! {
+                recv(self.store_events) -> ev => match ev {
+                    Ok(ev) => self.on_store_event(&mut s, ev),
+                    Err(_) => return,
+                },
+                recv(self.control) -> msg => match msg {
+                    Ok(ControlMsg::Config(c)) => {
+                        s.config = Some(c);
+                        s.pending = true;
+                        s.first_change.get_or_insert_with(Instant::now);
+                        s.last_render = None; // a new config renders at once
+                    }
+                    Ok(ControlMsg::CurrentConfig(text)) => {
+                        if s.current_config.is_none() {
+                            s.current_config = Some(Arc::new(CurrentConfig::parse(&text)));
+                        }
+                    }
+                    Ok(ControlMsg::Shutdown) | Err(_) => return,
+                },
+                default(timeout) => {}
+            }
+            self.maybe_render(&mut s);
+        }
+    }
+
+    fn next_timeout(&self, s: &Loop) -> Duration {
+        let Some(config) = &s.config else {
+            return Duration::from_millis(500);
+        };
+        if !s.pending {
+            return Duration::from_millis(500);
+        }
+        match s.last_render {
+            Some(last) => (last + config.spec.debounce_interval())
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
+            None => Duration::from_millis(20),
+        }
+    }
+
+    fn on_store_event(&self, s: &mut Loop, ev: ReflectorEvent) {
+        let name = match &ev {
+            ReflectorEvent::Changed { name } => name.clone(),
+            ReflectorEvent::Relisted { name, reason } => {
+                self.shared.metrics.inc(
+                    "haptic_watch_restarts_total",
+                    "Re-lists of a watched resource (410, errors, broken watches).",
+                    &[("resource", name)],
+                );
+                log::debug!("resource={name} relisted: {reason}");
+                name.clone()
+            }
+        };
+        self.shared.metrics.inc(
+            "haptic_watch_events_total",
+            "Changes received per watched resource.",
+            &[("resource", &name)],
+        );
+        if name == HAPROXY_PODS {
+            if let Some(pods) = lock(&self.watchers).store(HAPROXY_PODS) {
+                let _ = self
+                    .deployer
+                    .send(DeployMsg::Pods(crate::deploy::pods::targets(&pods)));
+            }
+        }
+        s.pending = true;
+        s.first_change.get_or_insert_with(Instant::now);
+    }
+
+    fn maybe_render(&self, s: &mut Loop) {
+        let Some(config) = s.config.clone() else {
+            return;
+        };
+        if !s.pending {
+            return;
+        }
+        let (stores, barrier) = {
+            let w = lock(&self.watchers);
+            (w.snapshot(), w.barrier())
+        };
+        if !barrier.is_synced() {
+            self.shared.set_phase(format!(
+                "waiting for the initial list of: {}",
+                barrier.pending().join(", ")
+            ));
+            return;
+        }
+        if !self.shared.synced.swap(true, Ordering::SeqCst) {
+            log::info!("all watched resources synced");
+        }
+        if let Some(last) = s.last_render {
+            if last.elapsed() < config.spec.debounce_interval() {
+                return;
+            }
+        }
+        s.pending = false;
+        s.last_render = Some(Instant::now());
+        let first_change = s.first_change.take().unwrap_or_else(Instant::now);
+        *lock(&self.shared.store_counts) =
+            stores.iter().map(|(n, st)| (n.clone(), st.len())).collect();
+        self.shared.metrics.set_all(
+            "haptic_resource_count",
+            "Objects held per watched resource.",
+            stores
+                .iter()
+                .map(|(n, st)| (vec![("type", n.as_str())], st.len() as f64))
+                .collect(),
+        );
+        self.shared.set_phase("running");
+        self.render(s, &config, stores, first_change);
+    }
+
+    fn render(
+        &self,
+        s: &mut Loop,
+        config: &ActiveConfig,
+        stores: std::collections::BTreeMap<String, Arc<crate::store::Store>>,
+        first_change: Instant,
+    ) {
+        let metrics = &self.shared.metrics;
+        let started = Instant::now();
+        metrics.inc(
+            "haptic_reconciliation_total",
+            "Reconciliations (render, and validation when needed).",
+            &[],
+        );
+        let inputs = RenderInputs {
+            stores,
+            extra_context: config.spec.templating_settings.extra_context.clone(),
+            current_config: s.current_config.clone(),
+            base_dir: None,
+        };
+        let rendered = config.engine.render(&inputs);
+        metrics.observe(
+            "haptic_render_duration_seconds",
+            "Time to render every template once.",
+            DURATION_BUCKETS,
+            &[],
+            started.elapsed().as_secs_f64(),
+        );
+        let rendered = match rendered {
+            Ok(r) => r,
+            Err(e) => return self.failed(s, "render", e.to_string(), started),
+        };
+        let _ = self
+            .status
+            .send(StatusMsg::TemplateStatuses(rendered.statuses.clone()));
+        let bundle = rendered.to_bundle();
+        let hash = bundle.hash();
+        if s.last_validated.as_ref().is_some_and(|b| b.hash() == hash) {
+            self.succeeded(s, &bundle, started);
+            return;
+        }
+        let class = s.last_validated.as_ref().map(|old| classify(old, &bundle));
+        let needs_check = !matches!(
+            class,
+            Some(Classification::NoChange) | Some(Classification::Runtime(_))
+        );
+        if needs_check {
+            let check_started = Instant::now();
+            let result = check_bundle(&self.haproxy_bin, &bundle);
+            metrics.observe(
+                "haptic_validation_duration_seconds",
+                "Time of haproxy -c on a rendered bundle.",
+                DURATION_BUCKETS,
+                &[],
+                check_started.elapsed().as_secs_f64(),
+            );
+            if let Err(e) = result {
+                return self.failed(s, "validate", e.to_string(), started);
+            }
+        }
+        let reload = !matches!(
+            class,
+            Some(Classification::NoChange) | Some(Classification::Runtime(_))
+        );
+        log::info!(
+            "bundle={} rendered class={} config_bytes={} files={} in {} ms",
+            &hash.as_str()[..12],
+            class.as_ref().map(|c| c.result_name()).unwrap_or("initial"),
+            bundle.haproxy_cfg.len(),
+            bundle.files.len(),
+            started.elapsed().as_millis()
+        );
+        s.current_config = Some(Arc::new(CurrentConfig::parse(&bundle.haproxy_cfg)));
+        let published = Arc::new(Published {
+            bundle: bundle.clone(),
+            hash: hash.clone(),
+            reload,
+            first_change,
+        });
+        let _ = self.deployer.send(DeployMsg::Bundle(published.clone()));
+        let _ = self.status.send(StatusMsg::Published(published));
+        s.last_validated = Some(bundle.clone());
+        self.succeeded(s, &bundle, started);
+    }
+
+    fn succeeded(&self, _s: &mut Loop, bundle: &Bundle, started: Instant) {
+        let metrics = &self.shared.metrics;
+        metrics.observe(
+            "haptic_reconciliation_duration_seconds",
+            "Time of one reconciliation.",
+            DURATION_BUCKETS,
+            &[],
+            started.elapsed().as_secs_f64(),
+        );
+        metrics.set(
+            "haptic_config_bytes",
+            "Size of the rendered haproxy.cfg.",
+            &[],
+            bundle.haproxy_cfg.len() as f64,
+        );
+        let mut render = lock(&self.shared.render);
+        let recovered = render.last_error.take();
+        render.bundle = Some(bundle.hash().to_string());
+        render.haproxy_cfg = Some(bundle.haproxy_cfg.clone());
+        render.last_success_at = Some(crate::kube::lease::rfc3339(std::time::SystemTime::now()));
+        render.renders += 1;
+        drop(render);
+        if let Some(previous) = recovered {
+            log::info!("reconciliation recovered (previous error: {previous})");
+            self.shared
+                .record("recovered: rendering and validation succeed again");
+        }
+        let _ = self.status.send(StatusMsg::Reconciled { error: None });
+    }
+
+    fn failed(&self, _s: &mut Loop, stage: &str, error: String, started: Instant) {
+        let metrics = &self.shared.metrics;
+        metrics.inc(
+            "haptic_reconciliation_errors_total",
+            "Reconciliations that failed, by stage (render, validate).",
+            &[("stage", stage)],
+        );
+        metrics.observe(
+            "haptic_reconciliation_duration_seconds",
+            "Time of one reconciliation.",
+            DURATION_BUCKETS,
+            &[],
+            started.elapsed().as_secs_f64(),
+        );
+        log::error!("{stage} failed; keeping the last good configuration: {error}");
+        let mut render = lock(&self.shared.render);
+        let repeated = render.last_error.as_deref() == Some(error.as_str());
+        render.last_error = Some(error.clone());
+        drop(render);
+        if !repeated {
+            self.shared.record(format!("{stage} failed: {error}"));
+        }
+        let _ = self.status.send(StatusMsg::Reconciled {
+            error: Some((stage.to_string(), error)),
+        });
+    }
+}

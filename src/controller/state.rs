@@ -1,0 +1,95 @@
+//! State shared between the controller's threads and its HTTP surfaces (health, debug,
+//! metrics). Each field has one writer; readers take short locks.
+
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+
+use crate::config::Spec;
+use crate::deploy::PodStatus;
+use crate::kube::lease::Leadership;
+use crate::metrics::Registry;
+use crate::render::Engine;
+
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The config the controller runs with.
+pub struct ActiveConfig {
+    pub spec: Spec,
+    pub engine: Engine,
+    pub generation: i64,
+    pub resource_version: String,
+    /// The raw object as read, for `/debug/config`.
+    pub raw: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RenderState {
+    pub bundle: Option<String>,
+    pub haproxy_cfg: Option<String>,
+    pub last_error: Option<String>,
+    pub last_success_at: Option<String>,
+    pub renders: u64,
+}
+
+pub struct Shared {
+    pub metrics: Registry,
+    leadership: Mutex<Arc<Leadership>>,
+    /// What the controller is doing, for `/healthz` and `/readyz` explanations.
+    pub phase: Mutex<String>,
+    pub synced: AtomicBool,
+    pub config: Mutex<Option<Arc<ActiveConfig>>>,
+    pub render: Mutex<RenderState>,
+    pub pods: Arc<Mutex<Vec<PodStatus>>>,
+    pub store_counts: Mutex<Vec<(String, usize)>>,
+    events: Mutex<VecDeque<String>>,
+}
+
+impl Shared {
+    pub fn new(metrics: Registry, leadership: Arc<Leadership>) -> Shared {
+        Shared {
+            metrics,
+            leadership: Mutex::new(leadership),
+            phase: Mutex::new("starting".into()),
+            synced: AtomicBool::new(false),
+            config: Mutex::new(None),
+            render: Mutex::new(RenderState::default()),
+            pods: Arc::new(Mutex::new(Vec::new())),
+            store_counts: Mutex::new(Vec::new()),
+            events: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    pub fn leadership(&self) -> Arc<Leadership> {
+        lock(&self.leadership).clone()
+    }
+
+    pub fn set_leadership(&self, leadership: Arc<Leadership>) {
+        *lock(&self.leadership) = leadership;
+    }
+
+    pub fn set_phase(&self, phase: impl Into<String>) {
+        *lock(&self.phase) = phase.into();
+    }
+
+    /// Remembers a notable event for `/debug/events` (the last 200).
+    pub fn record(&self, event: impl Into<String>) {
+        let mut events = lock(&self.events);
+        if events.len() >= 200 {
+            events.pop_front();
+        }
+        events.push_back(format!(
+            "{} {}",
+            crate::kube::lease::rfc3339(std::time::SystemTime::now()),
+            event.into()
+        ));
+    }
+
+    pub fn recent_events(&self) -> Vec<String> {
+        lock(&self.events).iter().cloned().collect()
+    }
+}

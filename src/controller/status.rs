@@ -1,0 +1,333 @@
+//! The status writer (acts only on the leader): `HAProxyTemplateConfig.status` (conditions
+//! Valid/Rendered/Deployed), the published `HAProxyCfg`, statuses templates declare through
+//! `status.set`, and Kubernetes Events for failures and recoveries. Everything is written only
+//! when it changed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use serde_json::{json, Value};
+
+use super::state::{lock, Shared};
+use crate::deploy::Published;
+use crate::kinds::plural_of;
+use crate::kube::client::{Client, ResourceRef};
+use crate::kube::lease::rfc3339;
+use crate::render::context::StatusUpdate;
+
+pub enum StatusMsg {
+    ConfigValidation {
+        generation: i64,
+        error: Option<String>,
+    },
+    Reconciled {
+        error: Option<(String, String)>,
+    },
+    Published(Arc<Published>),
+    TemplateStatuses(Vec<StatusUpdate>),
+    Shutdown,
+}
+
+pub fn config_resource() -> ResourceRef {
+    ResourceRef::new(
+        crate::config::model::API_VERSION,
+        "haproxytemplateconfigs",
+        true,
+    )
+}
+
+pub fn haproxycfg_resource() -> ResourceRef {
+    ResourceRef::new(crate::config::model::API_VERSION, "haproxycfgs", true)
+}
+
+#[derive(Clone, PartialEq)]
+struct Condition {
+    kind: &'static str,
+    ok: bool,
+    reason: String,
+    message: String,
+}
+
+pub struct StatusWriter {
+    pub client: Client,
+    pub shared: Arc<Shared>,
+    pub namespace: String,
+    pub config_name: String,
+    pub inbox: Receiver<StatusMsg>,
+}
+
+#[derive(Default)]
+struct Desired {
+    generation: i64,
+    validation: Option<Option<String>>,
+    reconcile: Option<Option<(String, String)>>,
+    published: Option<Arc<Published>>,
+    templates: BTreeMap<(String, String, String, String), Value>,
+}
+
+#[derive(Default)]
+struct Written {
+    conditions: Vec<Condition>,
+    transition_times: BTreeMap<&'static str, (bool, String)>,
+    generation: i64,
+    haproxycfg: Option<(String, String)>,
+    templates: BTreeMap<(String, String, String, String), Value>,
+    last_error_event: Option<String>,
+    haproxycfg_unavailable: bool,
+}
+
+impl StatusWriter {
+    pub fn run(self) {
+        let mut desired = Desired::default();
+        let mut written = Written::default();
+        loop {
+            match self.inbox.recv_timeout(Duration::from_secs(1)) {
+                Ok(StatusMsg::Shutdown) | Err(RecvTimeoutError::Disconnected) => return,
+                Ok(msg) => self.absorb(&mut desired, msg),
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            while let Ok(msg) = self.inbox.try_recv() {
+                if matches!(msg, StatusMsg::Shutdown) {
+                    return;
+                }
+                self.absorb(&mut desired, msg);
+            }
+            if self.shared.leadership().is_leader() {
+                self.write(&desired, &mut written);
+            } else {
+                // A new leader must write everything again.
+                written = Written::default();
+            }
+        }
+    }
+
+    fn absorb(&self, desired: &mut Desired, msg: StatusMsg) {
+        match msg {
+            StatusMsg::ConfigValidation { generation, error } => {
+                desired.generation = generation;
+                desired.validation = Some(error);
+            }
+            StatusMsg::Reconciled { error } => desired.reconcile = Some(error),
+            StatusMsg::Published(p) => desired.published = Some(p),
+            StatusMsg::TemplateStatuses(list) => {
+                desired.templates = list
+                    .into_iter()
+                    .map(|u| ((u.api_version, u.kind, u.namespace, u.name), u.status))
+                    .collect();
+            }
+            StatusMsg::Shutdown => {}
+        }
+    }
+
+    fn conditions(&self, desired: &Desired) -> Vec<Condition> {
+        let mut out = Vec::new();
+        if let Some(v) = &desired.validation {
+            out.push(match v {
+                None => Condition {
+                    kind: "Valid",
+                    ok: true,
+                    reason: "Valid".into(),
+                    message: "the configuration passed validation".into(),
+                },
+                Some(e) => Condition {
+                    kind: "Valid",
+                    ok: false,
+                    reason: "Invalid".into(),
+                    message: e.clone(),
+                },
+            });
+        }
+        if let Some(r) = &desired.reconcile {
+            out.push(match r {
+                None => Condition {
+                    kind: "Rendered",
+                    ok: true,
+                    reason: "Rendered".into(),
+                    message: "rendered and validated".into(),
+                },
+                Some((stage, e)) => Condition {
+                    kind: "Rendered",
+                    ok: false,
+                    reason: if stage == "render" {
+                        "RenderFailed".into()
+                    } else {
+                        "ValidationFailed".into()
+                    },
+                    message: e.clone(),
+                },
+            });
+        }
+        if let Some(p) = &desired.published {
+            let pods = lock(&self.shared.pods).clone();
+            let admitted: Vec<_> = pods.iter().filter(|p| p.admitted).collect();
+            let behind: Vec<String> = admitted
+                .iter()
+                .filter(|pod| pod.applied_bundle.as_deref() != Some(p.hash.as_str()))
+                .map(|pod| match &pod.last_error {
+                    Some(e) => format!("{}: {e}", pod.name),
+                    None => format!("{}: pending", pod.name),
+                })
+                .collect();
+            out.push(if admitted.is_empty() {
+                Condition {
+                    kind: "Deployed",
+                    ok: false,
+                    reason: "NoPods".into(),
+                    message: "no HAProxy pod is admitted yet".into(),
+                }
+            } else if behind.is_empty() {
+                Condition {
+                    kind: "Deployed",
+                    ok: true,
+                    reason: "Deployed".into(),
+                    message: format!("applied to {}/{} pods", admitted.len(), admitted.len()),
+                }
+            } else {
+                Condition {
+                    kind: "Deployed",
+                    ok: false,
+                    reason: "Pending".into(),
+                    message: behind.join("; "),
+                }
+            });
+        }
+        out
+    }
+
+    fn write(&self, desired: &Desired, written: &mut Written) {
+        let ns = Some(self.namespace.as_str());
+        let conditions = self.conditions(desired);
+        if conditions != written.conditions || desired.generation != written.generation {
+            let now = rfc3339(SystemTime::now());
+            let list: Vec<Value> = conditions
+                .iter()
+                .map(|c| {
+                    let time = match written.transition_times.get(c.kind) {
+                        Some((ok, t)) if *ok == c.ok => t.clone(),
+                        _ => now.clone(),
+                    };
+                    written.transition_times.insert(c.kind, (c.ok, time.clone()));
+                    json!({"type": c.kind, "status": if c.ok { "True" } else { "False" }, "reason": c.reason, "message": c.message,
+                        "lastTransitionTime": time, "observedGeneration": desired.generation})
+                })
+                .collect();
+            let last_error = conditions
+                .iter()
+                .find(|c| !c.ok && c.kind != "Deployed")
+                .map(|c| c.message.clone());
+            let patch = json!({"status": {"observedGeneration": desired.generation, "conditions": list, "lastError": last_error}});
+            match self
+                .client
+                .merge_patch_status(&config_resource(), ns, &self.config_name, &patch)
+            {
+                Ok(_) => {
+                    written.conditions = conditions.clone();
+                    written.generation = desired.generation;
+                }
+                Err(e) => log::warn!("write HAProxyTemplateConfig status: {e}"),
+            }
+            self.events(&conditions, written);
+        }
+        if let Some(p) = &desired.published {
+            let key = (
+                p.hash.to_string(),
+                serde_json::to_string(&*lock(&self.shared.pods)).unwrap_or_default(),
+            );
+            if written.haproxycfg.as_ref() != Some(&key) && !written.haproxycfg_unavailable {
+                match self.publish_haproxycfg(p) {
+                    Ok(()) => written.haproxycfg = Some(key),
+                    Err(e)
+                        if e.is_not_found()
+                            && e.to_string().contains("haproxycfgs")
+                            && !e.to_string().contains(&self.config_name) =>
+                    {
+                        log::warn!("HAProxyCfg is not served by the API server (CRD missing?); not publishing: {e}");
+                        written.haproxycfg_unavailable = true;
+                    }
+                    Err(e) => log::warn!("publish HAProxyCfg: {e}"),
+                }
+            }
+        }
+        for (key, status) in &desired.templates {
+            if written.templates.get(key) == Some(status) {
+                continue;
+            }
+            let (api_version, kind, namespace, name) = key;
+            let res = ResourceRef::new(api_version, &plural_of(kind), !namespace.is_empty());
+            let ns = (!namespace.is_empty()).then_some(namespace.as_str());
+            match self
+                .client
+                .merge_patch_status(&res, ns, name, &json!({"status": status}))
+            {
+                Ok(_) => {
+                    written.templates.insert(key.clone(), status.clone());
+                }
+                Err(e) if e.is_not_found() => {
+                    log::debug!("status for {kind} {namespace}/{name}: object gone");
+                    written.templates.insert(key.clone(), status.clone());
+                }
+                Err(e) => log::warn!("status for {kind} {namespace}/{name}: {e}"),
+            }
+        }
+    }
+
+    fn publish_haproxycfg(&self, p: &Published) -> Result<(), crate::kube::client::KubeError> {
+        let res = haproxycfg_resource();
+        let ns = Some(self.namespace.as_str());
+        let name = format!("{}-haproxycfg", self.config_name);
+        let spec = json!({"content": p.bundle.haproxy_cfg, "checksum": format!("sha256:{}", haptic_agent::protocol::sha256_hex(p.bundle.haproxy_cfg.as_bytes())), "bundle": p.hash.as_str()});
+        let pods = lock(&self.shared.pods).clone();
+        let status = json!({"deployedToPods": pods.iter().filter(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str())).map(|pod| json!({
+            "podName": pod.name, "deployedAt": pod.last_deployed_at, "checksum": p.hash.as_str(), "lastResult": pod.last_result})).collect::<Vec<_>>(),
+            "pods": pods});
+        match self.client.get(&res, ns, &name) {
+            Ok(mut existing) => {
+                existing["spec"] = spec;
+                self.client.update(&res, ns, &name, &existing)?;
+            }
+            Err(e) if e.is_not_found() && e.to_string().contains(&name) => {
+                let object = json!({"apiVersion": crate::config::model::API_VERSION, "kind": "HAProxyCfg",
+                    "metadata": {"name": name, "namespace": self.namespace, "labels": {"app.kubernetes.io/managed-by": "haptic"}}, "spec": spec});
+                self.client.create(&res, ns, &object)?;
+            }
+            Err(e) => return Err(e),
+        }
+        self.client
+            .merge_patch_status(&res, ns, &name, &json!({"status": status}))?;
+        Ok(())
+    }
+
+    /// One Warning event per new failure, one Normal event on recovery.
+    fn events(&self, conditions: &[Condition], written: &mut Written) {
+        let failure = conditions.iter().find(|c| !c.ok && c.kind != "Deployed");
+        let (event_type, reason, message) = match (failure, &written.last_error_event) {
+            (Some(c), last) if last.as_deref() != Some(c.message.as_str()) => {
+                ("Warning", c.reason.clone(), c.message.clone())
+            }
+            (None, Some(_)) => (
+                "Normal",
+                "Recovered".to_string(),
+                "rendering and validation succeed again".to_string(),
+            ),
+            _ => return,
+        };
+        written.last_error_event = failure.map(|c| c.message.clone());
+        let now = rfc3339(SystemTime::now());
+        let event = json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": format!("{}.", self.config_name), "namespace": self.namespace},
+            "involvedObject": {"apiVersion": crate::config::model::API_VERSION, "kind": crate::config::model::KIND, "name": self.config_name, "namespace": self.namespace},
+            "type": event_type, "reason": reason, "message": message.chars().take(1000).collect::<String>(),
+            "source": {"component": "haptic"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        });
+        if let Err(e) = self.client.create(
+            &ResourceRef::new("v1", "events", true),
+            Some(&self.namespace),
+            &event,
+        ) {
+            log::warn!("create event: {e}");
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The set of running reflectors, one per watched resource plus the HAProxy pods. A config
+//! change restarts only the reflectors whose definition changed.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use crossbeam_channel::Sender;
+
+use crate::config::model::HAPROXY_PODS;
+use crate::config::Spec;
+use crate::kube::client::{Client, ListParams, ResourceRef};
+use crate::kube::reflector::{snapshot, Reflector, ReflectorEvent, SharedStore, SyncBarrier};
+use crate::store::selector::LabelSelector;
+use crate::store::{ObjectFilter, Store};
+
+/// Everything that defines one reflector; a change of any part restarts it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchDef {
+    pub api_version: String,
+    pub resources: String,
+    pub namespace: Option<String>,
+    pub label_selector: Option<String>,
+    pub field_selector: Option<String>,
+    pub index_by: Vec<String>,
+    pub ignore_fields: Vec<String>,
+}
+
+struct Running {
+    def: WatchDef,
+    store: SharedStore,
+    synced: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+pub struct Watchers {
+    client: Client,
+    events: Sender<ReflectorEvent>,
+    running: BTreeMap<String, Running>,
+}
+
+/// The definitions a spec asks for, including the auto-injected HAProxy pods watcher.
+pub fn definitions(spec: &Spec, controller_namespace: &str) -> BTreeMap<String, WatchDef> {
+    let mut defs: BTreeMap<String, WatchDef> = spec
+        .watched_resources
+        .iter()
+        .map(|(name, r)| {
+            let def = WatchDef {
+                api_version: r.api_version.clone(),
+                resources: r.resources.clone(),
+                namespace: r.namespace.clone().filter(|n| !n.is_empty()),
+                label_selector: r.label_selector.clone().filter(|s| !s.is_empty()),
+                field_selector: r.field_selector.clone().filter(|s| !s.is_empty()),
+                index_by: r.index_by.clone(),
+                ignore_fields: spec.watched_resources_ignore_fields.clone(),
+            };
+            (name.clone(), def)
+        })
+        .collect();
+    let pods = LabelSelector::from_match_labels(&spec.pod_selector.match_labels);
+    defs.insert(
+        HAPROXY_PODS.into(),
+        WatchDef {
+            api_version: "v1".into(),
+            resources: "pods".into(),
+            namespace: Some(controller_namespace.into()),
+            label_selector: Some(pods.as_query().to_string()),
+            field_selector: None,
+            index_by: vec!["metadata.namespace".into(), "metadata.name".into()],
+            ignore_fields: vec!["metadata.managedFields".into()],
+        },
+    );
+    defs
+}
+
+impl Watchers {
+    pub fn new(client: Client, events: Sender<ReflectorEvent>) -> Watchers {
+        Watchers {
+            client,
+            events,
+            running: BTreeMap::new(),
+        }
+    }
+
+    /// Starts, restarts and stops reflectors so they match `defs`. Fails (changing nothing)
+    /// when a resource is not served by the API server.
+    pub fn apply(&mut self, defs: &BTreeMap<String, WatchDef>) -> Result<Vec<String>, String> {
+        let mut to_start = Vec::new();
+        for (name, def) in defs {
+            if self.running.get(name).is_some_and(|r| r.def == *def) {
+                continue;
+            }
+            let namespaced = self
+                .client
+                .is_namespaced(&def.api_version, &def.resources)
+                .map_err(|e| format!("spec.watchedResources.{name}: {e}"))?;
+            to_start.push((name.clone(), def.clone(), namespaced));
+        }
+        let mut changed: Vec<String> = self
+            .running
+            .keys()
+            .filter(|k| !defs.contains_key(*k))
+            .cloned()
+            .collect();
+        self.running.retain(|k, _| defs.contains_key(k));
+        for (name, def, namespaced) in to_start {
+            self.running.remove(&name);
+            self.start(&name, def, namespaced);
+            changed.push(name);
+        }
+        Ok(changed)
+    }
+
+    fn start(&mut self, name: &str, def: WatchDef, namespaced: bool) {
+        let index = def
+            .index_by
+            .iter()
+            .filter_map(|e| crate::store::path::PathExpr::parse(e).ok())
+            .collect();
+        let store: SharedStore = Arc::new(RwLock::new(Arc::new(Store::new(index))));
+        let synced = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let filter = ObjectFilter {
+            ignore_fields: def
+                .ignore_fields
+                .iter()
+                .filter_map(|e| crate::store::path::PathExpr::parse(e).ok())
+                .collect(),
+            field_selector: def
+                .field_selector
+                .as_deref()
+                .and_then(|s| crate::store::selector::FieldSelector::parse(s).ok()),
+        };
+        let reflector = Reflector {
+            name: name.to_string(),
+            client: self.client.clone(),
+            resource: ResourceRef::new(&def.api_version, &def.resources, namespaced),
+            namespace: def.namespace.clone(),
+            params: ListParams {
+                label_selector: def.label_selector.clone(),
+                field_selector: None,
+                limit: Some(500),
+            },
+            filter,
+            store: store.clone(),
+            synced: synced.clone(),
+            stop: stop.clone(),
+            events: self.events.clone(),
+            watch_timeout: Duration::from_secs(290),
+        };
+        let thread_name = format!("watch-{name}");
+        if let Err(e) = std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || reflector.run())
+        {
+            log::error!("resource={name} cannot start its watcher thread: {e}");
+        }
+        log::info!(
+            "resource={name} watching {} {}",
+            def.api_version,
+            def.resources
+        );
+        self.running.insert(
+            name.to_string(),
+            Running {
+                def,
+                store,
+                synced,
+                stop,
+            },
+        );
+    }
+
+    pub fn barrier(&self) -> SyncBarrier {
+        let mut barrier = SyncBarrier::default();
+        for (name, r) in &self.running {
+            barrier.add(name, r.synced.clone());
+        }
+        barrier
+    }
+
+    /// Cheap snapshots of every store, for one render.
+    pub fn snapshot(&self) -> BTreeMap<String, Arc<Store>> {
+        self.running
+            .iter()
+            .map(|(name, r)| (name.clone(), snapshot(&r.store)))
+            .collect()
+    }
+
+    pub fn store(&self, name: &str) -> Option<Arc<Store>> {
+        self.running.get(name).map(|r| snapshot(&r.store))
+    }
+
+    pub fn stop_all(&mut self) {
+        self.running.clear();
+    }
+}

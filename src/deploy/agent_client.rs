@@ -1,0 +1,238 @@
+//! The controller's client for `haptic-agent`: HTTPS with mutual TLS to a pod IP, verifying the
+//! agent's certificate for a fixed DNS name (default `haptic-agent`). The client certificate
+//! and CA are re-read when their files change (Secret rotation).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+
+/// Largest agent response read.
+const MAX_RESPONSE: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct AgentTls {
+    pub dir: PathBuf,
+    pub server_name: String,
+}
+
+type Fingerprint = Vec<(SystemTime, u64)>;
+
+/// Builds and caches the rustls client configuration from `tls.crt`, `tls.key`, `ca.crt`.
+pub struct AgentClient {
+    tls: AgentTls,
+    port: u16,
+    timeout: Duration,
+    cached: Mutex<Option<(Fingerprint, Arc<ClientConfig>)>>,
+}
+
+/// An agent's answer.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+impl AgentClient {
+    pub fn new(tls: AgentTls, port: u16, timeout: Duration) -> AgentClient {
+        AgentClient {
+            tls,
+            port,
+            timeout,
+            cached: Mutex::new(None),
+        }
+    }
+
+    fn files(&self) -> [PathBuf; 3] {
+        ["tls.crt", "tls.key", "ca.crt"].map(|f| self.tls.dir.join(f))
+    }
+
+    fn config(&self) -> Result<Arc<ClientConfig>, String> {
+        let print: Fingerprint = self
+            .files()
+            .iter()
+            .map(|p| {
+                std::fs::metadata(p)
+                    .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+                    .unwrap_or((SystemTime::UNIX_EPOCH, 0))
+            })
+            .collect();
+        let mut cached = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((old, config)) = cached.as_ref() {
+            if *old == print {
+                return Ok(config.clone());
+            }
+        }
+        let config = match self.build() {
+            Ok(c) => Arc::new(c),
+            // A half-written rotation must not break deployments: keep the previous config.
+            Err(e) => {
+                match cached.as_ref() {
+                    Some((_, config)) => {
+                        log::warn!("agent client certificates in {} unusable, keeping the previous ones: {e}", self.tls.dir.display());
+                        return Ok(config.clone());
+                    }
+                    None => return Err(e),
+                }
+            }
+        };
+        *cached = Some((print, config.clone()));
+        Ok(config)
+    }
+
+    fn build(&self) -> Result<ClientConfig, String> {
+        let [cert, key, ca] = self.files();
+        let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()));
+        let mut roots = RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&read(&ca)?) {
+            roots
+                .add(c.map_err(|e| format!("{}: {e}", ca.display()))?)
+                .map_err(|e| format!("{}: {e}", ca.display()))?;
+        }
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(&cert)?)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("{}: {e}", cert.display()))?;
+        let key = PrivateKeyDer::from_pem_slice(&read(&key)?)
+            .map_err(|e| format!("{}: {e}", key.display()))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| format!("client certificate: {e}"))
+    }
+
+    /// One request to the agent at `ip`; `headers` are extra request headers.
+    pub fn request(
+        &self,
+        ip: &str,
+        method: &str,
+        path: &str,
+        headers: &[(&str, String)],
+        body: Option<&[u8]>,
+    ) -> Result<Reply, String> {
+        let config = self.config()?;
+        let ip: std::net::IpAddr = ip.parse().map_err(|_| format!("bad pod IP {ip:?}"))?;
+        let addr = SocketAddr::new(ip, self.port);
+        let tcp = TcpStream::connect_timeout(&addr, self.timeout.min(Duration::from_secs(5)))
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        tcp.set_read_timeout(Some(self.timeout))
+            .map_err(|e| e.to_string())?;
+        tcp.set_write_timeout(Some(self.timeout))
+            .map_err(|e| e.to_string())?;
+        let name = ServerName::try_from(self.tls.server_name.clone())
+            .map_err(|e| format!("server name {}: {e}", self.tls.server_name))?;
+        let conn = ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+        let mut stream = StreamOwned::new(conn, tcp);
+        let body = body.unwrap_or_default();
+        let mut head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
+            self.tls.server_name,
+            body.len()
+        );
+        if !body.is_empty() {
+            head.push_str("Content-Type: application/json\r\n");
+        }
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream
+            .write_all(head.as_bytes())
+            .and_then(|_| stream.write_all(body))
+            .and_then(|_| stream.flush())
+            .map_err(|e| format!("{method} {path} to {addr}: {e}"))?;
+        let mut raw = Vec::new();
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            match stream.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => {
+                    raw.extend_from_slice(&chunk[..n]);
+                    if raw.len() > MAX_RESPONSE {
+                        return Err(format!(
+                            "{method} {path} to {addr}: response over {MAX_RESPONSE} bytes"
+                        ));
+                    }
+                    if response_complete(&raw) {
+                        break;
+                    }
+                }
+                // A peer that closes without close_notify after a complete response is fine.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::UnexpectedEof && response_complete(&raw) =>
+                {
+                    break
+                }
+                Err(e) => return Err(format!("{method} {path} to {addr}: {e}")),
+            }
+        }
+        parse_response(&raw)
+            .ok_or_else(|| format!("{method} {path} to {addr}: malformed HTTP response"))
+    }
+}
+
+fn split_head(raw: &[u8]) -> Option<(&[u8], &[u8])> {
+    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    Some((&raw[..end], &raw[end + 4..]))
+}
+
+fn content_length(head: &[u8]) -> Option<usize> {
+    String::from_utf8_lossy(head).lines().find_map(|l| {
+        l.split_once(':')
+            .filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.trim().parse().ok())
+    })
+}
+
+fn response_complete(raw: &[u8]) -> bool {
+    match split_head(raw) {
+        Some((head, body)) => content_length(head).is_some_and(|n| body.len() >= n),
+        None => false,
+    }
+}
+
+fn parse_response(raw: &[u8]) -> Option<Reply> {
+    let (head, body) = split_head(raw)?;
+    let status_line = String::from_utf8_lossy(head).lines().next()?.to_string();
+    let status: u16 = status_line.split_whitespace().nth(1)?.parse().ok()?;
+    let body = match content_length(head) {
+        Some(n) => body.get(..n)?.to_vec(),
+        None => body.to_vec(),
+    };
+    Some(Reply { status, body })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_responses() {
+        let raw = b"HTTP/1.1 409 Conflict\r\nContent-Length: 5\r\nContent-Type: application/json\r\n\r\n{\"a\":1}";
+        assert!(response_complete(raw));
+        let reply = parse_response(raw).unwrap();
+        assert_eq!(reply.status, 409);
+        assert_eq!(reply.body, b"{\"a\":");
+        assert!(!response_complete(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
+        ));
+        assert!(parse_response(b"garbage").is_none());
+    }
+}

@@ -1,0 +1,532 @@
+//! The deployer: on the leader, brings every admitted HAProxy pod to the latest validated
+//! bundle through its agent, in parallel, with per-pod retries, fencing (`If-Match`, leader
+//! epoch), rate-limited reloads and a periodic drift check.
+
+pub mod agent_client;
+pub mod pods;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use haptic_agent::protocol::{Bundle, BundleHash};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::kube::lease::Leadership;
+use crate::kube::reflector::Backoff;
+use crate::metrics::{Registry, DURATION_BUCKETS};
+use agent_client::AgentClient;
+use pods::PodTarget;
+
+/// A validated bundle ready for the pods.
+#[derive(Debug)]
+pub struct Published {
+    pub bundle: Bundle,
+    pub hash: BundleHash,
+    /// The bundle needs a reload compared with the previous one (reloads are rate-limited).
+    pub reload: bool,
+    /// When the first change that led to this bundle was seen (event-to-deploy latency).
+    pub first_change: Instant,
+}
+
+/// What the deployer reacts to.
+#[derive(Debug)]
+pub enum DeployMsg {
+    Bundle(Arc<Published>),
+    Pods(Vec<PodTarget>),
+    /// Leadership changed (the view itself is polled before every push).
+    Leadership,
+    Shutdown,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct PodStatus {
+    pub namespace: String,
+    pub name: String,
+    pub ip: String,
+    pub admitted: bool,
+    pub haproxy_version: Option<String>,
+    pub applied_bundle: Option<String>,
+    pub last_result: Option<String>,
+    pub last_error: Option<String>,
+    pub consecutive_failures: u32,
+    pub last_deployed_at: Option<String>,
+}
+
+struct PodState {
+    status: PodStatus,
+    /// What the agent reported or accepted; `None` = unknown (push with `*`) or bootstrap.
+    applied: Option<String>,
+    known: bool,
+    backoff: Backoff,
+    next_attempt: Instant,
+}
+
+pub struct DeployerConfig {
+    pub min_deployment_interval: Duration,
+    pub drift_prevention_interval: Duration,
+    /// `major.minor` of the controller's haproxy; pods running another version are refused.
+    pub haproxy_version: Option<String>,
+}
+
+pub struct Deployer {
+    pub client: Arc<AgentClient>,
+    pub leadership: Arc<Leadership>,
+    pub config: Arc<Mutex<DeployerConfig>>,
+    pub metrics: Registry,
+    pub inbox: Receiver<DeployMsg>,
+    /// Per-pod status, shared with `/debug/pods` and the status writer.
+    pub status: Arc<Mutex<Vec<PodStatus>>>,
+}
+
+fn now_rfc3339() -> String {
+    crate::kube::lease::rfc3339(SystemTime::now())
+}
+
+/// What `GET /v1/state` told about a pod.
+struct AgentView {
+    /// The applied bundle; `None` in bootstrap mode.
+    bundle: Option<String>,
+    version: String,
+}
+
+enum Outcome {
+    Applied {
+        result: String,
+    },
+    /// The agent runs something else than we thought: learn it and retry at once.
+    Stale {
+        current: Option<String>,
+    },
+    Failed(String),
+    /// A newer leader exists: stop pushing.
+    Fenced(String),
+}
+
+impl Deployer {
+    fn push(
+        &self,
+        pod: &PodTarget,
+        applied: Option<&str>,
+        published: &Published,
+        epoch: u64,
+    ) -> Outcome {
+        let wire = match serde_json::to_vec(&published.bundle.to_wire()) {
+            Ok(w) => w,
+            Err(e) => return Outcome::Failed(format!("encode bundle: {e}")),
+        };
+        let headers = [
+            ("If-Match", applied.unwrap_or("*").to_string()),
+            ("X-Haptic-Epoch", epoch.to_string()),
+        ];
+        let reply = match self
+            .client
+            .request(&pod.ip, "PUT", "/v1/bundle", &headers, Some(&wire))
+        {
+            Ok(r) => r,
+            Err(e) => return Outcome::Failed(e),
+        };
+        let body = reply.json();
+        let detail = || {
+            let error = body
+                .get("error")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let detail = body
+                .get("detail")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            format!("{} {error}: {detail}", reply.status)
+        };
+        match reply.status {
+            200 => Outcome::Applied {
+                result: body
+                    .get("result")
+                    .and_then(Value::as_str)
+                    .unwrap_or("applied")
+                    .to_string(),
+            },
+            409 => Outcome::Stale {
+                current: body
+                    .get("current_bundle")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            },
+            412 => Outcome::Fenced(detail()),
+            _ => Outcome::Failed(detail()),
+        }
+    }
+
+    /// `GET /v1/state`: the applied bundle and HAProxy version, or why the agent is unusable.
+    fn admit(&self, pod: &PodTarget, required: Option<&str>) -> Result<AgentView, String> {
+        let reply = self
+            .client
+            .request(&pod.ip, "GET", "/v1/state", &[], None)?;
+        if reply.status != 200 {
+            return Err(format!("GET /v1/state: {} {}", reply.status, reply.text()));
+        }
+        let state = reply.json();
+        let version = state
+            .pointer("/haproxy/version")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if let Some(required) = required {
+            let pod_mm: String = version.split('.').take(2).collect::<Vec<_>>().join(".");
+            if !version.is_empty() && pod_mm != required {
+                return Err(format!("runs HAProxy {version}, but the controller validates with {required}; refusing to deploy"));
+            }
+        }
+        let bundle = if state.get("mode").and_then(Value::as_str) == Some("bootstrap") {
+            None
+        } else {
+            state
+                .get("bundle")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        Ok(AgentView { bundle, version })
+    }
+
+    /// Handles one message; false on shutdown.
+    fn handle(
+        &self,
+        msg: DeployMsg,
+        pods: &mut BTreeMap<String, PodState>,
+        current: &mut Option<Arc<Published>>,
+    ) -> bool {
+        match msg {
+            DeployMsg::Bundle(b) => *current = Some(b),
+            DeployMsg::Pods(targets) => {
+                let names: Vec<String> = targets
+                    .iter()
+                    .map(|t| format!("{}/{}", t.namespace, t.name))
+                    .collect();
+                pods.retain(|k, _| names.contains(k));
+                for t in targets {
+                    let key = format!("{}/{}", t.namespace, t.name);
+                    let fresh = |t: &PodTarget| PodState {
+                        status: PodStatus {
+                            namespace: t.namespace.clone(),
+                            name: t.name.clone(),
+                            ip: t.ip.clone(),
+                            ..Default::default()
+                        },
+                        applied: None,
+                        known: false,
+                        backoff: Backoff::default(),
+                        next_attempt: Instant::now(),
+                    };
+                    let entry = pods.entry(key).or_insert_with(|| fresh(&t));
+                    if entry.status.ip != t.ip {
+                        // A new pod under an old name: start over.
+                        *entry = fresh(&t);
+                    }
+                }
+            }
+            DeployMsg::Leadership => {
+                // A new term: learn what every pod runs before pushing.
+                for pod in pods.values_mut() {
+                    pod.known = false;
+                    pod.next_attempt = Instant::now();
+                }
+            }
+            DeployMsg::Shutdown => return false,
+        }
+        true
+    }
+
+    pub fn run(self) {
+        let mut pods: BTreeMap<String, PodState> = BTreeMap::new();
+        let mut current: Option<Arc<Published>> = None;
+        let mut last_reload_push: Option<Instant> = None;
+        let mut next_drift = Instant::now();
+        let mut wait = Duration::from_millis(100);
+        loop {
+            match self.inbox.recv_timeout(wait) {
+                Ok(msg) => {
+                    if !self.handle(msg, &mut pods, &mut current) {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            // Take everything queued first: only the latest bundle matters.
+            while let Ok(msg) = self.inbox.try_recv() {
+                if !self.handle(msg, &mut pods, &mut current) {
+                    return;
+                }
+            }
+            wait = self.turn(
+                &mut pods,
+                current.as_ref(),
+                &mut last_reload_push,
+                &mut next_drift,
+            );
+            self.publish_status(&pods);
+        }
+    }
+
+    /// One round: admit, drift-check and push where needed. Returns how long to sleep.
+    fn turn(
+        &self,
+        pods: &mut BTreeMap<String, PodState>,
+        current: Option<&Arc<Published>>,
+        last_reload_push: &mut Option<Instant>,
+        next_drift: &mut Instant,
+    ) -> Duration {
+        let idle = Duration::from_millis(500);
+        let Some(epoch) = self.leadership.epoch() else {
+            return idle;
+        };
+        let config = self.config.lock().unwrap_or_else(|p| p.into_inner());
+        let (min_interval, drift_interval, required) = (
+            config.min_deployment_interval,
+            config.drift_prevention_interval,
+            config.haproxy_version.clone(),
+        );
+        drop(config);
+        let now = Instant::now();
+        let drift_due = now >= *next_drift;
+        if drift_due {
+            *next_drift = now + drift_interval;
+        }
+
+        // Learn the state of pods we do not know yet (and of all pods when drift is due).
+        let to_check: Vec<String> = pods
+            .iter()
+            .filter(|(_, p)| (!p.known || drift_due) && p.next_attempt <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let checks: Vec<(String, Result<AgentView, String>)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = to_check
+                .iter()
+                .map(|key| {
+                    let target = target_of(&pods[key]);
+                    let required = required.as_deref();
+                    (
+                        key.clone(),
+                        scope.spawn(move || self.admit(&target, required)),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(k, h)| {
+                    (
+                        k,
+                        h.join()
+                            .unwrap_or_else(|_| Err("state check panicked".into())),
+                    )
+                })
+                .collect()
+        });
+        for (key, result) in checks {
+            let pod = pods.get_mut(&key).expect("checked pods exist");
+            match result {
+                Ok(AgentView {
+                    bundle: applied,
+                    version,
+                }) => {
+                    if pod.known && drift_due && applied != pod.applied {
+                        log::warn!(
+                            "pod={key} drift: runs {applied:?}, expected {:?}; re-pushing",
+                            pod.applied
+                        );
+                        self.metrics.inc(
+                            "haptic_drift_detected_total",
+                            "Pods found running another bundle than the one deployed to them.",
+                            &[],
+                        );
+                    }
+                    if !pod.status.admitted {
+                        log::info!("pod={key} admitted haproxy={version} bundle={applied:?}");
+                    }
+                    pod.applied = applied;
+                    pod.known = true;
+                    pod.status.admitted = true;
+                    pod.status.haproxy_version = Some(version);
+                }
+                Err(e) => {
+                    if pod.status.last_error.as_deref() != Some(e.as_str()) {
+                        log::warn!("pod={key} not admitted: {e}");
+                    }
+                    pod.status.admitted = false;
+                    pod.status.last_error = Some(e);
+                    pod.next_attempt = Instant::now() + pod.backoff.delay();
+                }
+            }
+        }
+        let admitted = pods.values().filter(|p| p.status.admitted).count();
+        self.metrics.set(
+            "haptic_admitted_pods",
+            "HAProxy pods admitted for deployment.",
+            &[],
+            admitted as f64,
+        );
+
+        let Some(published) = current else {
+            return idle;
+        };
+        let hash = published.hash.as_str();
+        let due: Vec<String> = pods
+            .iter()
+            .filter(|(_, p)| {
+                p.status.admitted
+                    && p.known
+                    && p.applied.as_deref() != Some(hash)
+                    && p.next_attempt <= Instant::now()
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        if due.is_empty() {
+            return next_wake(pods, idle);
+        }
+        if published.reload {
+            if let Some(last) = *last_reload_push {
+                let ready_at = last + min_interval;
+                if Instant::now() < ready_at {
+                    return ready_at - Instant::now();
+                }
+            }
+            *last_reload_push = Some(Instant::now());
+        }
+        let started = Instant::now();
+        let outcomes: Vec<(String, Outcome)> = std::thread::scope(|scope| {
+            let handles: Vec<_> = due
+                .iter()
+                .map(|key| {
+                    let pod = &pods[key];
+                    let target = target_of(pod);
+                    let applied = pod.applied.clone();
+                    (
+                        key.clone(),
+                        scope.spawn(move || {
+                            self.push(&target, applied.as_deref(), published, epoch)
+                        }),
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|(k, h)| {
+                    (
+                        k,
+                        h.join()
+                            .unwrap_or_else(|_| Outcome::Failed("push panicked".into())),
+                    )
+                })
+                .collect()
+        });
+        let mut ok = 0;
+        for (key, outcome) in outcomes {
+            let pod = pods.get_mut(&key).expect("pushed pods exist");
+            match outcome {
+                Outcome::Applied { result } => {
+                    ok += 1;
+                    pod.applied = Some(hash.to_string());
+                    pod.status.applied_bundle = Some(hash.to_string());
+                    pod.status.last_result = Some(result.clone());
+                    pod.status.last_error = None;
+                    pod.status.consecutive_failures = 0;
+                    pod.status.last_deployed_at = Some(now_rfc3339());
+                    pod.backoff.reset();
+                    self.metrics.inc(
+                        "haptic_deployment_total",
+                        "Bundle pushes to HAProxy pods by result.",
+                        &[("result", &result)],
+                    );
+                }
+                Outcome::Stale { current } => {
+                    log::info!("pod={key} runs {current:?}, not the bundle we assumed; retrying with it as base");
+                    pod.applied = current;
+                }
+                Outcome::Fenced(detail) => {
+                    log::warn!("pod={key} refused our epoch {epoch} ({detail}); a newer leader is deploying");
+                    pod.next_attempt = Instant::now() + pod.backoff.delay();
+                }
+                Outcome::Failed(e) => {
+                    log::warn!("pod={key} deploy failed: {e}");
+                    pod.status.last_error = Some(e);
+                    pod.status.consecutive_failures += 1;
+                    pod.next_attempt = Instant::now() + pod.backoff.delay();
+                    pod.known = false;
+                    self.metrics.inc(
+                        "haptic_deployment_errors_total",
+                        "Failed bundle pushes to HAProxy pods.",
+                        &[],
+                    );
+                    self.metrics.inc(
+                        "haptic_deployment_total",
+                        "Bundle pushes to HAProxy pods by result.",
+                        &[("result", "error")],
+                    );
+                }
+            }
+        }
+        let elapsed = started.elapsed();
+        self.metrics.observe(
+            "haptic_deployment_duration_seconds",
+            "Time to push one bundle to the pods that needed it.",
+            DURATION_BUCKETS,
+            &[],
+            elapsed.as_secs_f64(),
+        );
+        let everywhere = pods
+            .values()
+            .filter(|p| p.status.admitted)
+            .all(|p| p.applied.as_deref() == Some(hash));
+        if everywhere && ok > 0 {
+            let latency = published.first_change.elapsed();
+            self.metrics.observe(
+                "haptic_change_to_deployed_seconds",
+                "From the first change seen to the bundle applied on every admitted pod.",
+                DURATION_BUCKETS,
+                &[],
+                latency.as_secs_f64(),
+            );
+            log::info!(
+                "bundle={} applied to {ok}/{} pods in {} ms (change to deployed {} ms)",
+                &hash[..12],
+                pods.len(),
+                elapsed.as_millis(),
+                latency.as_millis()
+            );
+        }
+        next_wake(
+            pods,
+            Duration::ZERO.max(Duration::from_millis(if everywhere { 500 } else { 20 })),
+        )
+    }
+
+    fn publish_status(&self, pods: &BTreeMap<String, PodState>) {
+        let list = pods.values().map(|p| {
+            let mut s = p.status.clone();
+            s.applied_bundle = p.applied.clone();
+            s
+        });
+        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = list.collect();
+    }
+}
+
+fn target_of(pod: &PodState) -> PodTarget {
+    PodTarget {
+        namespace: pod.status.namespace.clone(),
+        name: pod.status.name.clone(),
+        ip: pod.status.ip.clone(),
+    }
+}
+
+/// Sleep until the earliest retry, but never longer than `max`.
+fn next_wake(pods: &BTreeMap<String, PodState>, max: Duration) -> Duration {
+    let now = Instant::now();
+    pods.values()
+        .map(|p| p.next_attempt.saturating_duration_since(now))
+        .filter(|d| !d.is_zero())
+        .min()
+        .unwrap_or(max)
+        .min(max.max(Duration::from_millis(20)))
+}

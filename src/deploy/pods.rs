@@ -1,0 +1,102 @@
+//! HAProxy pod discovery: which pods of the `haproxy-pods` store may receive configuration.
+//! A pod qualifies when it is Running, has an IP, is not terminating, and its agent container is
+//! ready; it is then admitted once its agent answers `GET /v1/state`.
+
+use serde_json::Value;
+
+use crate::store::Store;
+
+/// The container whose readiness gates a pod (the agent sidecar).
+pub const AGENT_CONTAINER: &str = "haptic-agent";
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PodTarget {
+    pub namespace: String,
+    pub name: String,
+    pub ip: String,
+}
+
+/// Why a pod is not a target, for logs and `/debug/pods`.
+pub fn disqualification(pod: &Value) -> Option<String> {
+    if pod
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+    {
+        return Some("terminating".into());
+    }
+    let phase = pod
+        .pointer("/status/phase")
+        .and_then(Value::as_str)
+        .unwrap_or("Unknown");
+    if phase != "Running" {
+        return Some(format!("phase {phase}"));
+    }
+    if pod
+        .pointer("/status/podIP")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        return Some("no pod IP".into());
+    }
+    let agent_ready = pod
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .and_then(|list| {
+            list.iter()
+                .find(|c| c.get("name").and_then(Value::as_str) == Some(AGENT_CONTAINER))
+        })
+        .and_then(|c| c.get("ready").and_then(Value::as_bool));
+    match agent_ready {
+        Some(true) => None,
+        Some(false) => Some(format!("container {AGENT_CONTAINER} not ready")),
+        None => Some(format!("no status for container {AGENT_CONTAINER}")),
+    }
+}
+
+/// The pods that may receive configuration now, in name order.
+pub fn targets(pods: &Store) -> Vec<PodTarget> {
+    pods.list()
+        .filter(|p| disqualification(p).is_none())
+        .filter_map(|p| {
+            Some(PodTarget {
+                namespace: p.pointer("/metadata/namespace")?.as_str()?.to_string(),
+                name: p.pointer("/metadata/name")?.as_str()?.to_string(),
+                ip: p.pointer("/status/podIP")?.as_str()?.to_string(),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::sync::Arc;
+
+    fn pod(name: &str, phase: &str, ip: &str, ready: bool) -> Arc<Value> {
+        Arc::new(
+            json!({"metadata": {"namespace": "ing", "name": name}, "status": {"phase": phase, "podIP": ip,
+            "containerStatuses": [{"name": "haproxy", "ready": true}, {"name": AGENT_CONTAINER, "ready": ready}]}}),
+        )
+    }
+
+    #[test]
+    fn only_running_ready_pods_with_ips() {
+        let mut store = Store::new(crate::render::pod_index());
+        store.upsert(pod("a", "Running", "10.0.0.1", true)).unwrap();
+        store.upsert(pod("b", "Pending", "10.0.0.2", true)).unwrap();
+        store.upsert(pod("c", "Running", "", true)).unwrap();
+        store
+            .upsert(pod("d", "Running", "10.0.0.4", false))
+            .unwrap();
+        let mut e = (*pod("e", "Running", "10.0.0.5", true)).clone();
+        e["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        store.upsert(Arc::new(e)).unwrap();
+        let names: Vec<_> = targets(&store).into_iter().map(|t| t.name).collect();
+        assert_eq!(names, ["a"]);
+        assert_eq!(
+            disqualification(&pod("d", "Running", "1.2.3.4", false)).unwrap(),
+            "container haptic-agent not ready"
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! The validating admission webhook: an AdmissionReview v1 over TLS is answered by rendering
+//! the config with the object applied to a copy of the stores and checking the result with
+//! `haproxy -c`. HAProxyTemplateConfig objects are validated as configs. The certificate is
+//! re-read when its files change.
+
+use std::io::BufReader;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use haptic_agent::http::{self, Limits, Response};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ServerConfig, ServerConnection, StreamOwned};
+use serde_json::{json, Value};
+
+use crate::controller::state::{lock, Shared};
+use crate::controller::watchers::Watchers;
+use crate::render::RenderInputs;
+use crate::store::{object_key, ObjectFilter};
+use crate::validate::haproxy::check_bundle;
+
+type Fingerprint = Vec<(SystemTime, u64)>;
+
+struct Tls {
+    dir: PathBuf,
+    current: Mutex<Option<(Fingerprint, Arc<ServerConfig>)>>,
+}
+
+impl Tls {
+    fn config(&self) -> Result<Arc<ServerConfig>, String> {
+        let files = [self.dir.join("tls.crt"), self.dir.join("tls.key")];
+        let print: Fingerprint = files
+            .iter()
+            .map(|p| {
+                std::fs::metadata(p)
+                    .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+                    .unwrap_or((SystemTime::UNIX_EPOCH, 0))
+            })
+            .collect();
+        let mut current = lock(&self.current);
+        if let Some((old, config)) = current.as_ref() {
+            if *old == print {
+                return Ok(config.clone());
+            }
+        }
+        match build(&files[0], &files[1]) {
+            Ok(config) => {
+                *current = Some((print, config.clone()));
+                Ok(config)
+            }
+            // A half-written rotation keeps the previous certificate.
+            Err(e) => match current.as_ref() {
+                Some((_, config)) => {
+                    log::warn!("webhook certificate unusable, keeping the previous one: {e}");
+                    Ok(config.clone())
+                }
+                None => Err(e),
+            },
+        }
+    }
+}
+
+fn build(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
+    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()));
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert)?)
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: {e}", cert.display()))?;
+    let key = PrivateKeyDer::from_pem_slice(&read(key)?)
+        .map_err(|e| format!("{}: {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("webhook certificate: {e}"))?;
+    Ok(Arc::new(config))
+}
+
+struct Webhook {
+    shared: Arc<Shared>,
+    watchers: Arc<Mutex<Watchers>>,
+    haproxy_bin: String,
+}
+
+pub fn start(
+    addr: &str,
+    cert_dir: &Path,
+    shared: Arc<Shared>,
+    watchers: Arc<Mutex<Watchers>>,
+    haproxy_bin: String,
+    stop: Arc<AtomicBool>,
+) -> Result<(), String> {
+    let tls = Arc::new(Tls {
+        dir: cert_dir.to_path_buf(),
+        current: Mutex::new(None),
+    });
+    if let Err(e) = tls.config() {
+        log::warn!("webhook certificate not available yet ({e}); the webhook answers once it is");
+    }
+    let listener =
+        TcpListener::bind(addr).map_err(|e| format!("webhook: listen on {addr}: {e}"))?;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    log::info!("webhook listening on {addr}");
+    let webhook = Arc::new(Webhook {
+        shared,
+        watchers,
+        haproxy_bin,
+    });
+    std::thread::Builder::new()
+        .name("webhook".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (tls, webhook) = (tls.clone(), webhook.clone());
+                        let _ = std::thread::Builder::new()
+                            .name("webhook-conn".into())
+                            .spawn(move || serve_conn(stream, &tls, &webhook));
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
+                    Err(e) => log::warn!("webhook accept: {e}"),
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(15)));
+    let config = match tls.config() {
+        Ok(c) => c,
+        Err(e) => {
+            log::warn!("webhook: no certificate: {e}");
+            return;
+        }
+    };
+    let Ok(conn) = ServerConnection::new(config) else {
+        return;
+    };
+    let mut reader = BufReader::new(StreamOwned::new(conn, stream));
+    let limits = Limits {
+        max_body_bytes: 8 * 1024 * 1024,
+        ..Limits::default()
+    };
+    let response = match http::read_head(&mut reader, &limits) {
+        Ok(head) => match http::body_length(&head, &limits)
+            .and_then(|n| http::read_body(&mut reader, n, Instant::now() + Duration::from_secs(10)))
+        {
+            Ok(body) if head.method == "POST" && head.path == "/validate" => webhook.review(&body),
+            Ok(_) => Response::error(404, "not_found", "POST /validate"),
+            Err(e) => Response::error(400, "bad_request", format!("{e:?}")),
+        },
+        Err(_) => return,
+    };
+    let stream = reader.get_mut();
+    let _ = http::write_response(stream, &response);
+    stream.conn.send_close_notify();
+    let _ = stream.conn.complete_io(&mut stream.sock);
+}
+
+impl Webhook {
+    fn review(&self, body: &[u8]) -> Response {
+        let review: Value = match serde_json::from_slice(body) {
+            Ok(v) => v,
+            Err(e) => {
+                return Response::error(400, "bad_request", format!("not an AdmissionReview: {e}"))
+            }
+        };
+        let request = review.get("request").cloned().unwrap_or(Value::Null);
+        let uid = request.get("uid").cloned().unwrap_or(Value::Null);
+        let started = Instant::now();
+        let verdict = self.decide(&request);
+        // Only a configuration that would really be invalid is denied; when the controller
+        // cannot decide (no config yet, haproxy missing) it admits with a warning rather than
+        // blocking every write to the watched kinds.
+        let (result, allowed, message) = match &verdict {
+            Ok(()) => ("allowed", true, String::new()),
+            Err(Denial::Invalid(m)) => ("denied", false, m.clone()),
+            Err(Denial::Error(m)) => ("error", true, m.clone()),
+        };
+        self.shared.metrics.inc(
+            "haptic_webhook_requests_total",
+            "Admission webhook requests by result.",
+            &[("result", result)],
+        );
+        log::info!(
+            "webhook {} {}/{} {result} in {} ms",
+            request
+                .pointer("/kind/kind")
+                .and_then(Value::as_str)
+                .unwrap_or("?"),
+            request
+                .get("namespace")
+                .and_then(Value::as_str)
+                .unwrap_or(""),
+            request.get("name").and_then(Value::as_str).unwrap_or(""),
+            started.elapsed().as_millis()
+        );
+        let mut response = json!({"uid": uid, "allowed": allowed});
+        if !allowed {
+            response["status"] = json!({"code": 403, "reason": "Forbidden", "message": message});
+        } else if !message.is_empty() {
+            response["warnings"] =
+                json!([format!("haptic could not validate this change: {message}")]);
+        }
+        Response::json(
+            200,
+            &json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
+        )
+    }
+
+    fn decide(&self, request: &Value) -> Result<(), Denial> {
+        let group = request
+            .pointer("/resource/group")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let version = request
+            .pointer("/resource/version")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let resource = request
+            .pointer("/resource/resource")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let operation = request
+            .get("operation")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let api_version = if group.is_empty() {
+            version.to_string()
+        } else {
+            format!("{group}/{version}")
+        };
+        let active = lock(&self.shared.config)
+            .clone()
+            .ok_or_else(|| Denial::Error("the controller has no valid configuration yet".into()))?;
+
+        if group == crate::config::model::GROUP && resource == "haproxytemplateconfigs" {
+            if operation == "DELETE" {
+                return Ok(());
+            }
+            let object = request.get("object").cloned().unwrap_or(Value::Null);
+            let candidate =
+                crate::controller::validate_config_object(&object, "HAProxyTemplateConfig")
+                    .map_err(Denial::Invalid)?;
+            return self.render_and_check(
+                &candidate.engine,
+                &candidate.spec,
+                lock(&self.watchers).snapshot(),
+            );
+        }
+        let Some((name, watched)) = active
+            .spec
+            .watched_resources
+            .iter()
+            .find(|(_, w)| w.api_version == api_version && w.resources == resource)
+        else {
+            return Ok(());
+        };
+        if !watched.enable_validation_webhook {
+            return Ok(());
+        }
+        let mut stores = lock(&self.watchers).snapshot();
+        let mut store = stores
+            .get(name)
+            .map(|s| (**s).clone())
+            .unwrap_or_else(|| crate::store::Store::for_resource(watched));
+        match operation {
+            "DELETE" => {
+                if let Some(key) = request.get("oldObject").and_then(object_key) {
+                    store.delete(&key);
+                }
+            }
+            _ => {
+                let object = request.get("object").cloned().unwrap_or(Value::Null);
+                let filter = ObjectFilter::for_resource(&active.spec, watched);
+                if let Some(object) = filter.prepare(object) {
+                    // An object the store cannot index is not rendered in production either.
+                    let _ = store.upsert(Arc::new(object));
+                }
+            }
+        }
+        stores.insert(name.clone(), Arc::new(store));
+        self.render_and_check(&active.engine, &active.spec, stores)
+    }
+
+    fn render_and_check(
+        &self,
+        engine: &crate::render::Engine,
+        spec: &crate::config::Spec,
+        stores: std::collections::BTreeMap<String, Arc<crate::store::Store>>,
+    ) -> Result<(), Denial> {
+        let inputs = RenderInputs {
+            stores,
+            extra_context: spec.templating_settings.extra_context.clone(),
+            current_config: None,
+            base_dir: None,
+        };
+        let rendered = engine.render(&inputs).map_err(|e| {
+            Denial::Invalid(if e.from_fail {
+                e.message.clone()
+            } else {
+                e.to_string()
+            })
+        })?;
+        check_bundle(&self.haproxy_bin, &rendered.to_bundle())
+            .map(|_| ())
+            .map_err(|e| match e {
+                crate::validate::haproxy::CheckError::Rejected { message } => {
+                    Denial::Invalid(format!("HAProxy would reject the configuration: {message}"))
+                }
+                crate::validate::haproxy::CheckError::CouldNotRun(m) => Denial::Error(m),
+            })
+    }
+}
+
+enum Denial {
+    Invalid(String),
+    Error(String),
+}

@@ -1,0 +1,640 @@
+//! A whole local system for end-to-end tests: the dev API server with our CRDs, HAProxy "pods"
+//! (a real master-worker HAProxy plus `haptic-agent`, each on its own loopback address, as
+//! Pod objects whose status the harness fills in), controller replicas (`haptic run`), and
+//! echo backends.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use haptic::kube::client::{Client, ResourceRef};
+use haptic::kube::config::KubeConfig;
+use serde_json::{json, Value};
+
+use super::{wait_for, DevApiServer, TempDir};
+
+pub const NS: &str = "default";
+pub const CONFIG_NAME: &str = "haptic-e2e";
+
+/// A sibling binary of the test executable's target dir, built (or brought up to date) once
+/// per test process: `cargo test -p haptic` alone would otherwise run a stale one.
+pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
+    let path = dir.join(bin);
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if !built.iter().any(|b| b == bin) {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", package, "--bin", bin])
+            .args(release.then_some("--release"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "building {bin} failed");
+        built.push(bin.to_string());
+    }
+    path
+}
+
+/// A port free on `ip` (nothing listens; HAProxy's SO_REUSEPORT makes a shared port silent).
+pub fn free_port(ip: &str) -> u16 {
+    loop {
+        let listener = TcpListener::bind((ip, 0)).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        drop(listener);
+        let busy = Command::new("ss")
+            .args(["-ltnH"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(":{port} ")))
+            .unwrap_or(false);
+        if !busy {
+            return port;
+        }
+    }
+}
+
+fn kill(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// A tiny HTTP backend answering `NAME` to everything.
+pub struct Backend {
+    pub name: String,
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl Backend {
+    pub fn start(name: &str) -> Backend {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (stop2, name2) = (stop.clone(), name.to_string());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let name = name2.clone();
+                std::thread::spawn(move || {
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut buf = [0u8; 8192];
+                    let mut request = Vec::new();
+                    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => request.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let body = format!("{name}\n");
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                });
+            }
+        });
+        Backend {
+            name: name.into(),
+            port,
+            stop,
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// `GET http://ip:port/path` with a Host header: (status, body), or `None` when no answer.
+pub fn http_get(ip: &str, port: u16, host: &str, path: &str) -> Option<(u16, String)> {
+    let mut conn = TcpStream::connect_timeout(
+        &format!("{ip}:{port}").parse().unwrap(),
+        Duration::from_secs(2),
+    )
+    .ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).ok()?;
+    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
+}
+
+/// One HAProxy pod: HAProxy in master-worker mode and its agent, on a loopback address.
+pub struct HaproxyPod {
+    pub name: String,
+    pub ip: String,
+    pub dir: PathBuf,
+    haproxy: Option<Child>,
+    agent: Option<Child>,
+    agent_port: u16,
+    status_port: u16,
+    certs: PathBuf,
+}
+
+impl HaproxyPod {
+    fn cfg_dir(&self) -> PathBuf {
+        self.dir.join("etc")
+    }
+
+    fn master_socket(&self) -> PathBuf {
+        self.dir.join("master.sock")
+    }
+
+    /// Writes the bootstrap config (as the pod's init step does) and starts HAProxy.
+    pub fn start_haproxy(&mut self) {
+        let bootstrap = self.dir.join("bootstrap.cfg");
+        std::fs::write(&bootstrap, format!("global\n  default-path config\ndefaults\n  mode http\n  timeout client 5s\n  timeout server 5s\n  timeout connect 5s\nfrontend bootstrap\n  bind \"${{POD_IP}}\":{}\n  http-request return status 503\n", self.status_port)).unwrap();
+        let status = Command::new(workspace_binary("haptic-agent", "haptic-agent"))
+            .args([
+                "init",
+                "--bootstrap",
+                bootstrap.to_str().unwrap(),
+                "--config-dir",
+                self.cfg_dir().to_str().unwrap(),
+            ])
+            .status()
+            .unwrap();
+        assert!(status.success(), "haptic-agent init failed");
+        let _ = std::fs::remove_file(self.master_socket());
+        let child = Command::new("haproxy")
+            .args([
+                "-W",
+                "-db",
+                "-S",
+                self.master_socket().to_str().unwrap(),
+                "-f",
+                self.cfg_dir().join("haproxy.cfg").to_str().unwrap(),
+            ])
+            .env("POD_IP", &self.ip)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        self.haproxy = Some(child);
+        let sock = self.master_socket();
+        wait_for("HAProxy master socket", Duration::from_secs(10), || {
+            sock.exists()
+        });
+    }
+
+    pub fn stop_haproxy(&mut self) {
+        if let Some(mut c) = self.haproxy.take() {
+            kill(&mut c);
+        }
+    }
+
+    pub fn start_agent(&mut self) {
+        let child = Command::new(workspace_binary("haptic-agent", "haptic-agent"))
+            .args([
+                "serve",
+                "--config-dir",
+                self.cfg_dir().to_str().unwrap(),
+                "--master-socket",
+                self.master_socket().to_str().unwrap(),
+                "--haproxy-bin",
+                "haproxy",
+                "--listen",
+                &format!("{}:{}", self.ip, self.agent_port),
+                "--probe-listen",
+                &format!("{}:0", self.ip),
+                "--tls-cert",
+                self.certs.join("agent.crt").to_str().unwrap(),
+                "--tls-key",
+                self.certs.join("agent.key").to_str().unwrap(),
+                "--client-ca",
+                self.certs.join("ca.crt").to_str().unwrap(),
+                "--log-level",
+                "warn",
+            ])
+            .env("POD_IP", &self.ip)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        self.agent = Some(child);
+        let addr = format!("{}:{}", self.ip, self.agent_port);
+        wait_for("agent listening", Duration::from_secs(10), || {
+            TcpStream::connect(&addr).is_ok()
+        });
+    }
+
+    pub fn stop_agent(&mut self) {
+        if let Some(mut c) = self.agent.take() {
+            kill(&mut c);
+        }
+    }
+
+    /// The HAProxy worker pid, from the master CLI.
+    pub fn worker_pid(&self) -> Option<u32> {
+        let mut s = std::os::unix::net::UnixStream::connect(self.master_socket()).ok()?;
+        s.write_all(b"show proc\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        out.lines()
+            .find(|l| l.contains("worker"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|p| p.parse().ok())
+    }
+}
+
+impl Drop for HaproxyPod {
+    fn drop(&mut self) {
+        self.stop_agent();
+        self.stop_haproxy();
+    }
+}
+
+/// A `haptic run` replica.
+pub struct Controller {
+    pub name: String,
+    pub health_port: u16,
+    pub metrics_port: u16,
+    child: Option<Child>,
+}
+
+impl Controller {
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            kill(&mut c);
+        }
+    }
+
+    /// SIGTERM, then wait for exit; returns how long the shutdown took.
+    pub fn terminate(&mut self) -> Duration {
+        let started = Instant::now();
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            kill(&mut c);
+        }
+        started.elapsed()
+    }
+
+    pub fn get(&self, port: u16, path: &str) -> Option<(u16, String)> {
+        http_get("127.0.0.1", port, "localhost", path)
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub struct Cluster {
+    pub api: DevApiServer,
+    pub client: Client,
+    pub dir: TempDir,
+    pub certs: PathBuf,
+    pub agent_port: u16,
+    pub http_port: u16,
+    pub status_port: u16,
+    pub pods: Vec<HaproxyPod>,
+    pub controllers: Vec<Controller>,
+}
+
+pub fn pods_resource() -> ResourceRef {
+    ResourceRef::new("v1", "pods", true)
+}
+
+impl Cluster {
+    /// API server with CRDs, agent certificates, and the HAProxyTemplateConfig built from the
+    /// chart's base and ingress libraries plus test overrides.
+    pub fn start(api_args: &[&str]) -> Cluster {
+        let api = DevApiServer::start(api_args);
+        let client =
+            Client::new(&KubeConfig::from_kubeconfig(&api.kubeconfig(), None).unwrap()).unwrap();
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        for crd in ["crds/haproxytemplateconfigs.yaml", "crds/haproxycfgs.yaml"] {
+            let text = std::fs::read_to_string(root.join(crd)).unwrap();
+            let object: Value = serde_yaml::from_str(&text).unwrap();
+            client
+                .create(
+                    &ResourceRef::new(
+                        "apiextensions.k8s.io/v1",
+                        "customresourcedefinitions",
+                        false,
+                    ),
+                    None,
+                    &object,
+                )
+                .unwrap();
+        }
+        let dir = TempDir::new("e2e");
+        let certs = dir.0.join("certs");
+        let status = Command::new(root.join("scripts/gen-certs.sh"))
+            .arg(&certs)
+            .env("AGENT_SANS", "DNS:haptic-agent")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success(), "gen-certs.sh failed");
+        let client_dir = certs.join("controller");
+        std::fs::create_dir_all(&client_dir).unwrap();
+        for (from, to) in [
+            ("controller.crt", "tls.crt"),
+            ("controller.key", "tls.key"),
+            ("ca.crt", "ca.crt"),
+        ] {
+            std::fs::copy(certs.join(from), client_dir.join(to)).unwrap();
+        }
+        let agent_port = free_port("127.0.0.1");
+        let http_port = free_port("127.0.0.1");
+        let status_port = free_port("127.0.0.1");
+        Cluster {
+            api,
+            client,
+            dir,
+            certs,
+            agent_port,
+            http_port,
+            status_port,
+            pods: Vec::new(),
+            controllers: Vec::new(),
+        }
+    }
+
+    /// The config: base + ingress libraries, merged by `haptic config merge`, plus overrides.
+    pub fn config_object(&self, extra_yaml: &str) -> Value {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let overrides = self.dir.0.join("overrides.yaml");
+        std::fs::write(
+            &overrides,
+            format!(
+                "podSelector: {{matchLabels: {{app: haproxy-e2e}}}}\n\
+                 controller:\n  leaderElection: {{leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 300ms}}\n  reconciliation: {{debounceInterval: 50ms}}\n\
+                 dataplane: {{port: {}, minDeploymentInterval: 500ms, driftPreventionInterval: 2s, deploymentTimeout: 20s}}\n\
+                 templatingSettings:\n  extraContext: {{http_port: {}, status_port: {}, bind_address: '\"${{POD_IP}}\"', server_slots: 4, server_checks: false}}\n\
+                 validationTests: null\n{extra_yaml}",
+                self.agent_port, self.http_port, self.status_port
+            ),
+        )
+        .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_haptic"))
+            .args(["config", "merge", "-f"])
+            .arg(root.join("chart/libraries/base.yaml"))
+            .arg("-f")
+            .arg(root.join("chart/libraries/ingress.yaml"))
+            .arg("-f")
+            .arg(&overrides)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "config merge: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let spec: Value = serde_yaml::from_slice(&out.stdout).unwrap();
+        let spec = spec.get("spec").cloned().unwrap_or(spec);
+        json!({"apiVersion": "haproxy-haptic.org/v1alpha1", "kind": "HAProxyTemplateConfig", "metadata": {"name": CONFIG_NAME, "namespace": NS}, "spec": spec})
+    }
+
+    pub fn config_resource() -> ResourceRef {
+        ResourceRef::new(
+            "haproxy-haptic.org/v1alpha1",
+            "haproxytemplateconfigs",
+            true,
+        )
+    }
+
+    pub fn apply_config(&self, object: &Value) {
+        let res = Self::config_resource();
+        match self.client.get(&res, Some(NS), CONFIG_NAME) {
+            Ok(existing) => {
+                let mut updated = object.clone();
+                updated["metadata"]["resourceVersion"] =
+                    existing["metadata"]["resourceVersion"].clone();
+                self.client
+                    .update(&res, Some(NS), CONFIG_NAME, &updated)
+                    .unwrap();
+            }
+            Err(_) => {
+                self.client.create(&res, Some(NS), object).unwrap();
+            }
+        }
+    }
+
+    /// Starts a HAProxy pod on 127.0.0.(20+n) and registers it as a Running Pod object.
+    pub fn add_pod(&mut self) -> usize {
+        let n = self.pods.len();
+        let name = format!("haproxy-{n}");
+        let ip = format!("127.0.0.{}", 20 + n);
+        let dir = self.dir.0.join(&name);
+        std::fs::create_dir_all(dir.join("etc")).unwrap();
+        let mut pod = HaproxyPod {
+            name: name.clone(),
+            ip: ip.clone(),
+            dir,
+            haproxy: None,
+            agent: None,
+            agent_port: self.agent_port,
+            status_port: self.status_port,
+            certs: self.certs.clone(),
+        };
+        pod.start_haproxy();
+        pod.start_agent();
+        let object = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": {"app": "haproxy-e2e", "app.kubernetes.io/component": "haproxy"}},
+            "spec": {"containers": [{"name": "haproxy", "image": "haproxy"}, {"name": "haptic-agent", "image": "haptic-agent"}]}});
+        self.client
+            .create(&pods_resource(), Some(NS), &object)
+            .unwrap();
+        let status = json!({"status": {"phase": "Running", "podIP": ip, "containerStatuses": [
+            {"name": "haproxy", "ready": true, "restartCount": 0, "image": "haproxy", "imageID": "", "started": true, "state": {"running": {}}, "lastState": {}},
+            {"name": "haptic-agent", "ready": true, "restartCount": 0, "image": "haptic-agent", "imageID": "", "started": true, "state": {"running": {}}, "lastState": {}}]}});
+        self.client
+            .merge_patch_status(&pods_resource(), Some(NS), &name, &status)
+            .unwrap();
+        self.pods.push(pod);
+        n
+    }
+
+    pub fn start_controller(&mut self, name: &str) -> usize {
+        let health_port = free_port("127.0.0.1");
+        let metrics_port = free_port("127.0.0.1");
+        let log = std::fs::File::create(self.dir.0.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_haptic"))
+            .args([
+                "run",
+                "--kubeconfig",
+                self.api.kubeconfig().to_str().unwrap(),
+                "--namespace",
+                NS,
+                "--pod-name",
+                name,
+                "--config-name",
+                CONFIG_NAME,
+            ])
+            .args([
+                "--health-port",
+                &format!("127.0.0.1:{health_port}"),
+                "--metrics-port",
+                &format!("127.0.0.1:{metrics_port}"),
+                "--webhook-port",
+                "0",
+            ])
+            .args([
+                "--agent-client-cert-dir",
+                self.certs.join("controller").to_str().unwrap(),
+                "--haproxy-bin",
+                "haproxy",
+            ])
+            .env("LOG_LEVEL", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.controllers.push(Controller {
+            name: name.into(),
+            health_port,
+            metrics_port,
+            child: Some(child),
+        });
+        self.controllers.len() - 1
+    }
+
+    pub fn controller_log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.0.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
+    /// Which controller leads, from the Lease.
+    pub fn lease_holder(&self) -> Option<String> {
+        let lease = self
+            .client
+            .get(
+                &ResourceRef::new("coordination.k8s.io/v1", "leases", true),
+                Some(NS),
+                "haptic-leader",
+            )
+            .ok()?;
+        lease
+            .pointer("/spec/holderIdentity")
+            .and_then(Value::as_str)
+            .filter(|h| !h.is_empty())
+            .map(str::to_string)
+    }
+
+    /// `GET` through pod `n`'s HAProxy.
+    pub fn request(&self, n: usize, host: &str, path: &str) -> Option<(u16, String)> {
+        http_get(&self.pods[n].ip, self.http_port, host, path)
+    }
+
+    /// Waits until every pod answers `host`/`path` with `expected` in the body (and status).
+    pub fn wait_route(&self, host: &str, path: &str, status: u16, body: &str, timeout: Duration) {
+        for n in 0..self.pods.len() {
+            wait_for(
+                &format!("pod {n}: {host}{path} → {status} {body:?}"),
+                timeout,
+                || {
+                    self.request(n, host, path)
+                        .is_some_and(|(s, b)| s == status && b.contains(body))
+                },
+            );
+        }
+    }
+
+    pub fn create_service(&self, name: &str, backends: &[&Backend]) {
+        let svc = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": NS},
+            "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}});
+        self.client
+            .create(&ResourceRef::new("v1", "services", true), Some(NS), &svc)
+            .unwrap();
+        self.set_endpoints(name, backends);
+    }
+
+    /// Creates or replaces the EndpointSlice of a Service (all backends listen on 127.0.0.1).
+    pub fn set_endpoints(&self, service: &str, backends: &[&Backend]) {
+        let res = ResourceRef::new("discovery.k8s.io/v1", "endpointslices", true);
+        let name = format!("{service}-slice");
+        // One port per slice: give each backend its own slice when ports differ.
+        let _ = self.client.delete(&res, Some(NS), &name);
+        for i in 0..8 {
+            let _ = self.client.delete(&res, Some(NS), &format!("{name}-{i}"));
+        }
+        for (i, b) in backends.iter().enumerate() {
+            let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": format!("{name}-{i}"), "namespace": NS, "labels": {"kubernetes.io/service-name": service}},
+                "addressType": "IPv4", "ports": [{"name": "http", "port": b.port, "protocol": "TCP"}],
+                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}]});
+            self.client.create(&res, Some(NS), &slice).unwrap();
+        }
+    }
+
+    pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.api.kubeconfig())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(input.as_bytes())
+                .unwrap();
+        }
+        drop(child.stdin.take());
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for c in &self.controllers {
+                let log = self.controller_log(&c.name);
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                eprintln!("---- last lines of controller {} ----", c.name);
+                for line in tail.into_iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+}
