@@ -6,6 +6,12 @@
 #[path = "libraries/harness.rs"]
 mod harness;
 
+#[path = "libraries/gateway.rs"]
+mod gateway;
+
+#[path = "libraries/annotations.rs"]
+mod annotations;
+
 use std::process::Command;
 
 use harness::{root, service_yaml, Echo, Scenario, LIBRARIES};

@@ -1,0 +1,239 @@
+//! haproxy-ingress.github.io annotations under real traffic (CORS preflight, HSTS, app-root,
+//! redirect-to, rate limiting, path-type) and TLS passthrough to a TLS backend.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::harness::{self, free_port, service_yaml, Echo, Scenario};
+
+fn ingress(name: &str, host: &str, annotations: &str, paths: &str) -> String {
+    format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: default\n  annotations:\n{annotations}spec:\n  ingressClassName: haproxy\n  tls: [{{hosts: [{host}], secretName: tls-{name}}}]\n  rules:\n    - host: {host}\n      http: {{paths: [{paths}]}}\n"
+    )
+}
+
+fn to_web(path: &str, kind: &str) -> String {
+    format!("{{path: \"{path}\", pathType: {kind}, backend: {{service: {{name: web, port: {{name: http}}}}}}}}")
+}
+
+#[test]
+fn haproxy_ingress_cors_hsts_app_root_redirect_rate_limit_path_type() {
+    let dir = harness::TempDir::new("pki-hi");
+    let pki = harness::Pki::new(dir.path());
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    for (name, host) in [
+        ("cors", "cors.test"),
+        ("limited", "limited.test"),
+        ("re", "re.test"),
+        ("moved", "moved.test"),
+    ] {
+        m.push_str(&pki.secret_yaml("default", &format!("tls-{name}"), &[host]));
+    }
+    m.push_str(&ingress(
+        "cors",
+        "cors.test",
+        concat!(
+            "    haproxy-ingress.github.io/cors-enable: \"true\"\n",
+            "    haproxy-ingress.github.io/cors-allow-origin: \"https://app.test\"\n",
+            "    haproxy-ingress.github.io/cors-allow-methods: \"GET, POST\"\n",
+            "    haproxy-ingress.github.io/cors-max-age: \"600\"\n",
+            "    haproxy-ingress.github.io/hsts: \"true\"\n",
+            "    haproxy-ingress.github.io/hsts-preload: \"true\"\n",
+            "    haproxy-ingress.github.io/app-root: /app\n",
+        ),
+        &to_web("/", "Prefix"),
+    ));
+    m.push_str(&ingress(
+        "limited",
+        "limited.test",
+        "    haproxy-ingress.github.io/limit-rps: \"2\"\n",
+        &to_web("/", "Prefix"),
+    ));
+    m.push_str(&ingress(
+        "re",
+        "re.test",
+        "    haproxy-ingress.github.io/path-type: regex\n",
+        &to_web("/items/[0-9]+$", "ImplementationSpecific"),
+    ));
+    m.push_str(&ingress(
+        "moved",
+        "moved.test",
+        "    haproxy-ingress.github.io/redirect-to: \"https://new.test/landing\"\n    haproxy-ingress.github.io/redirect-to-code: \"301\"\n",
+        &to_web("/", "Prefix"),
+    ));
+    let s = Scenario::start("haproxy-ingress", &m, &[]);
+    let p = &s.proxy;
+
+    // CORS preflight is answered by HAProxy (the backend never sees it).
+    let pre = [
+        "-X",
+        "OPTIONS",
+        "-H",
+        "Origin: https://app.test",
+        "-H",
+        "Access-Control-Request-Method: POST",
+    ];
+    let r = p.http_with("cors.test", "/api", &pre);
+    assert_eq!(r.status, 204, "{r:?}");
+    assert_eq!(r.backend(), None, "{r:?}");
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.test")
+    );
+    assert_eq!(r.header("access-control-allow-methods"), Some("GET, POST"));
+    assert_eq!(r.header("access-control-max-age"), Some("600"));
+    // A simple request from the allowed origin gets the header; another origin does not.
+    let r = p.http_with("cors.test", "/api", &["-H", "Origin: https://app.test"]);
+    assert_eq!(r.backend(), Some("web"));
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.test")
+    );
+    let r = p.http_with("cors.test", "/api", &["-H", "Origin: https://evil.test"]);
+    assert_eq!(r.header("access-control-allow-origin"), None, "{r:?}");
+    // An OPTIONS request from another origin is no preflight of ours: it reaches the backend.
+    let r = p.http_with(
+        "cors.test",
+        "/api",
+        &[
+            "-X",
+            "OPTIONS",
+            "-H",
+            "Origin: https://evil.test",
+            "-H",
+            "Access-Control-Request-Method: POST",
+        ],
+    );
+    assert_eq!(r.backend(), Some("web"), "{r:?}");
+
+    // HSTS on HTTPS responses only.
+    let r = p.https("cors.test", "/x", &pki.ca, &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.header("strict-transport-security"),
+        Some("max-age=15768000; preload")
+    );
+    assert_eq!(
+        p.http("cors.test", "/x")
+            .header("strict-transport-security"),
+        None
+    );
+    assert_eq!(
+        p.https("limited.test", "/", &pki.ca, &[])
+            .header("strict-transport-security"),
+        None
+    );
+
+    // app-root redirects / only.
+    let r = p.http("cors.test", "/");
+    assert_eq!(
+        (r.status, r.header("location")),
+        (302, Some("/app")),
+        "{r:?}"
+    );
+    assert_eq!(p.http("cors.test", "/app").backend(), Some("web"));
+
+    // redirect-to.
+    let r = p.http("moved.test", "/anything");
+    assert_eq!(
+        (r.status, r.header("location")),
+        (301, Some("https://new.test/landing"))
+    );
+
+    // path-type regex.
+    assert_eq!(p.http("re.test", "/items/42").backend(), Some("web"));
+    assert_eq!(p.http("re.test", "/items/42/x").status, 404);
+    assert_eq!(p.http("re.test", "/items/x").status, 404);
+
+    // Rate limiting: more than 2 requests a second from one address get 429.
+    let statuses: Vec<u16> = (0..10)
+        .map(|_| p.http("limited.test", "/").status)
+        .collect();
+    assert_eq!(statuses[0], 200, "{statuses:?}");
+    assert!(statuses.contains(&429), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+}
+
+/// `openssl s_server -www` on a free port: a TLS backend that answers with a status page.
+struct TlsServer(Child);
+
+impl TlsServer {
+    fn start(cert: &std::path::Path, key: &std::path::Path, port: u16) -> TlsServer {
+        let child = Command::new("openssl")
+            .args(["s_server", "-quiet", "-www", "-accept"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("-cert")
+            .arg(cert)
+            .arg("-key")
+            .arg(key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start openssl s_server");
+        let server = TlsServer(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "openssl s_server did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn ssl_passthrough_reaches_the_tls_backend_undecrypted() {
+    let dir = harness::TempDir::new("pki-pt");
+    let pki = harness::Pki::new(dir.path());
+    let (crt, key) = pki.leaf("backend", &["pt.test"]);
+    std::fs::write(dir.path().join("backend.pem"), crt).unwrap();
+    std::fs::write(dir.path().join("backend.key.pem"), key).unwrap();
+    let port = free_port();
+    let _backend = TlsServer::start(
+        &dir.path().join("backend.pem"),
+        &dir.path().join("backend.key.pem"),
+        port,
+    );
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    // The passthrough Service points at the TLS server.
+    m.push_str(&format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: tls, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: tls-1, namespace: default, labels: {{kubernetes.io/service-name: tls}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n"
+    ));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "tls-app", &["app.test"]));
+    m.push_str(concat!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\n",
+        "metadata: {name: pt, namespace: default, annotations: {haproxy.org/ssl-passthrough: \"true\"}}\n",
+        "spec: {ingressClassName: haproxy, rules: [{host: pt.test, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: tls, port: {number: 443}}}}]}}]}\n",
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\n",
+        "metadata: {name: app, namespace: default}\n",
+        "spec: {ingressClassName: haproxy, tls: [{hosts: [app.test], secretName: tls-app}], rules: [{host: app.test, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}}]}\n",
+    ));
+    let s = Scenario::start("passthrough", &m, &[]);
+    let p = &s.proxy;
+    // The backend's own certificate (for pt.test, from the test CA) verifies, and the answer
+    // is openssl's status page: TLS went through HAProxy undecrypted.
+    let r = p.https("pt.test", "/", &pki.ca, &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.contains("s_server"), "{r:?}");
+    assert_eq!(r.backend(), None);
+    // Other names still terminate in HAProxy (through the loopback) and route normally.
+    let r = p.https("app.test", "/x", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+}

@@ -1,0 +1,365 @@
+//! Gateway API under real traffic: attachment through parentRefs and allowedRoutes, matching
+//! precedence with fallback, filters, weights, unresolvable backendRefs, HTTPS listeners, and
+//! the statuses the library declares.
+
+use serde_json::Value;
+
+use super::harness::{self, service_yaml, Echo, Scenario};
+
+const GATEWAYS: &str = r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: haproxy, generation: 1}
+spec: {controllerName: haproxy-haptic.org/controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: other}
+spec: {controllerName: example.com/other}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: foreign, namespace: default}
+spec: {gatewayClassName: other, listeners: [{name: http, protocol: HTTP, port: 80}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: default, generation: 3}
+spec:
+  gatewayClassName: haproxy
+  listeners:
+    - {name: http, protocol: HTTP, port: 80}
+    - {name: shared, protocol: HTTP, port: 80, hostname: "*.shared.test", allowedRoutes: {namespaces: {from: All}}}
+    - {name: https, protocol: HTTPS, port: 443, hostname: secure.test, tls: {certificateRefs: [{name: secure-cert}]}}
+"#;
+
+fn route(ns: &str, name: &str, ts: &str, spec: &str) -> String {
+    format!(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: {ns}, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n{spec}"
+    )
+}
+
+const MAIN_RULES: &str = r#"  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [gw.test]
+  rules:
+    - backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /api}, headers: [{name: X-Version, value: "2"}]}]
+      backendRefs: [{name: v2, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /api}}]
+      backendRefs: [{name: v1, port: 80}]
+    - matches: [{path: {type: Exact, value: /api/exact}}, {path: {type: PathPrefix, value: /q}, queryParams: [{name: debug, value: "1"}]}]
+      backendRefs: [{name: exact, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /method}, method: POST}]
+      backendRefs: [{name: v2, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /split}}]
+      backendRefs: [{name: stable, port: 80, weight: 3}, {name: canary, port: 80, weight: 1}]
+    - matches: [{path: {type: PathPrefix, value: /zero}}]
+      backendRefs: [{name: stable, port: 80, weight: 1}, {name: canary, port: 80, weight: 0}]
+    - matches: [{path: {type: PathPrefix, value: /allzero}}]
+      backendRefs: [{name: stable, port: 80, weight: 0}]
+    - matches: [{path: {type: PathPrefix, value: /missing}}]
+      backendRefs: [{name: nope, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /crossns}}]
+      backendRefs: [{name: teamweb, namespace: team, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /kind}}]
+      backendRefs: [{group: example.com, kind: Bucket, name: web}]
+    - matches: [{path: {type: PathPrefix, value: /to-https}}]
+      filters: [{type: RequestRedirect, requestRedirect: {scheme: https, statusCode: 301}}]
+    - matches: [{path: {type: PathPrefix, value: /moved}}]
+      filters: [{type: RequestRedirect, requestRedirect: {hostname: r.test, port: 8443, path: {type: ReplacePrefixMatch, replacePrefixMatch: /new}}}]
+    - matches: [{path: {type: PathPrefix, value: /full}}]
+      filters: [{type: RequestRedirect, requestRedirect: {path: {type: ReplaceFullPath, replaceFullPath: /elsewhere}}}]
+    - matches: [{path: {type: PathPrefix, value: /headers}}]
+      filters:
+        - type: RequestHeaderModifier
+          requestHeaderModifier: {set: [{name: X-Set, value: s}], add: [{name: X-Add, value: b}], remove: [X-Remove]}
+        - type: ResponseHeaderModifier
+          responseHeaderModifier: {set: [{name: X-Resp, value: r}], add: [{name: Content-Type, value: extra}]}
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /rewrite}}]
+      filters: [{type: URLRewrite, urlRewrite: {hostname: internal.test, path: {type: ReplacePrefixMatch, replacePrefixMatch: /rewritten}}}]
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /strip}}]
+      filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /}}}]
+      backendRefs: [{name: web, port: 80}]
+"#;
+
+/// The status the render declared for one object, parsed.
+fn status_of(render_output: &str, kind: &str, id: &str) -> Option<Value> {
+    let prefix = format!("status gateway.networking.k8s.io/v1 {kind} {id}: ");
+    render_output
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|json| serde_json::from_str(json).expect("status JSON"))
+}
+
+/// The (status, reason) of condition `kind` in a conditions array.
+fn condition(conditions: &Value, kind: &str) -> (String, String) {
+    let c = conditions
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["type"] == kind))
+        .unwrap_or_else(|| panic!("no {kind} condition in {conditions}"));
+    (
+        c["status"].as_str().unwrap_or_default().to_string(),
+        c["reason"].as_str().unwrap_or_default().to_string(),
+    )
+}
+
+fn pair(s: &str, r: &str) -> (String, String) {
+    (s.to_string(), r.to_string())
+}
+
+#[test]
+fn gateway_routes_attach_match_filter_and_split_traffic() {
+    let dir = harness::TempDir::new("pki-gw");
+    let pki = harness::Pki::new(dir.path());
+    let names = ["web", "v1", "v2", "exact", "stable", "canary", "foreign"];
+    let echoes: Vec<Echo> = names.iter().map(|n| Echo::start(n)).collect();
+    let team = Echo::start("teamweb");
+    let mut m: String = echoes
+        .iter()
+        .map(|e| service_yaml("default", &e.name, e))
+        .collect();
+    m.push_str(&service_yaml("team", "teamweb", &team));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "secure-cert", &["secure.test"]));
+    m.push_str(GATEWAYS);
+    m.push_str(&route(
+        "default",
+        "main",
+        "2024-01-01T00:00:00Z",
+        MAIN_RULES,
+    ));
+    // Routes that must get no traffic: another controller's Gateway; a namespace the listener
+    // does not allow; a hostname outside the listener's.
+    m.push_str(&route(
+        "default",
+        "foreign",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: foreign}]\n  hostnames: [foreign.test]\n  rules: [{backendRefs: [{name: foreign, port: 80}]}]\n",
+    ));
+    m.push_str(&route(
+        "team",
+        "not-allowed",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: gw, namespace: default, sectionName: http}]\n  hostnames: [team.test]\n  rules: [{backendRefs: [{name: teamweb, port: 80}]}]\n",
+    ));
+    m.push_str(&route(
+        "default",
+        "no-host",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: gw, sectionName: shared}]\n  hostnames: [nomatch.test]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
+    ));
+    // Allowed from every namespace on the *.shared.test listener.
+    m.push_str(&route(
+        "team",
+        "shared",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: gw, namespace: default, sectionName: shared}]\n  rules: [{backendRefs: [{name: teamweb, port: 80}]}]\n",
+    ));
+    // Attached to the HTTPS listener only.
+    m.push_str(&route(
+        "default",
+        "secure",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: gw, sectionName: https}]\n  rules: [{backendRefs: [{name: v2, port: 80}]}]\n",
+    ));
+    let s = Scenario::start("gateway", &m, &[]);
+    let p = &s.proxy;
+
+    // Attachment.
+    assert_eq!(
+        p.http("foreign.test", "/").status,
+        404,
+        "another Gateway's route"
+    );
+    assert_eq!(
+        p.http("team.test", "/").status,
+        404,
+        "namespace not allowed"
+    );
+    assert_eq!(
+        p.http("nomatch.test", "/").status,
+        404,
+        "hostname outside the listener"
+    );
+    assert_eq!(p.http("a.shared.test", "/").backend(), Some("teamweb"));
+    assert_eq!(p.http("x.y.shared.test", "/x").backend(), Some("teamweb"));
+    assert_eq!(
+        p.http("shared.test", "/").status,
+        404,
+        "*.x does not match x"
+    );
+    assert_eq!(
+        p.http("secure.test", "/").status,
+        404,
+        "HTTPS-only route over HTTP"
+    );
+    let r = p.https("secure.test", "/", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("v2")), "{r:?}");
+    // Nothing matches: 404.
+    assert_eq!(p.http("unknown.test", "/").status, 404);
+
+    // Precedence and fallback.
+    let h2 = ["-H", "X-Version: 2"];
+    let cases: [(&str, &[&str], &str); 10] = [
+        ("/", &[], "web"),
+        ("/api/x", &[], "v1"),
+        ("/api", &[], "v1"),
+        ("/api/x", &h2, "v2"),
+        ("/api/exact", &h2, "exact"),
+        ("/apix", &h2, "web"),
+        ("/q?debug=1", &[], "exact"),
+        ("/q?debug=2", &[], "web"),
+        ("/method", &["-X", "POST"], "v2"),
+        ("/method", &[], "web"),
+    ];
+    for (path, args, want) in cases {
+        let r = p.http_with("GW.test:80", path, args);
+        assert_eq!(r.backend(), Some(want), "{path} {args:?}: {r:?}");
+    }
+
+    // Unresolvable backendRefs and all-zero weights: 500.
+    for path in ["/missing", "/crossns", "/kind", "/allzero"] {
+        assert_eq!(p.http("gw.test", path).status, 500, "{path}");
+    }
+
+    // Weights: a 0-weight backend gets nothing; 3:1 is roughly 3:1.
+    for _ in 0..20 {
+        assert_eq!(p.http("gw.test", "/zero").backend(), Some("stable"));
+    }
+    let stable = (0..200)
+        .filter(|_| p.http("gw.test", "/split").backend() == Some("stable"))
+        .count();
+    assert!(
+        (115..=185).contains(&stable),
+        "3:1 split gave {stable}/200 to stable"
+    );
+
+    // Redirects: the Location port is the listener's public port (80, left out), the
+    // scheme's well-known port, or the one configured.
+    let r = p.http("gw.test", "/to-https/x?y=1");
+    assert_eq!(r.status, 301);
+    assert_eq!(r.header("location"), Some("https://gw.test/to-https/x?y=1"));
+    let r = p.http("gw.test", "/moved/x?q=1");
+    assert_eq!(r.status, 302);
+    assert_eq!(r.header("location"), Some("http://r.test:8443/new/x?q=1"));
+    let r = p.http("gw.test", "/moved");
+    assert_eq!(r.header("location"), Some("http://r.test:8443/new"));
+    let r = p.http("gw.test", "/full/a");
+    assert_eq!(r.header("location"), Some("http://gw.test/elsewhere"));
+
+    // Header modifiers: set, add (appends to the existing header), remove; response too.
+    let r = p.http_with(
+        "gw.test",
+        "/headers",
+        &["-H", "X-Add: a", "-H", "X-Remove: x", "-H", "X-Set: old"],
+    );
+    assert_eq!(r.echoed("header:x-set"), Some("s"), "{r:?}");
+    assert_eq!(r.echoed("header:x-add"), Some("a,b"), "{r:?}");
+    assert_eq!(r.echoed("header:x-remove"), None, "{r:?}");
+    assert_eq!(r.header("x-resp"), Some("r"));
+    assert_eq!(r.header("content-type"), Some("text/plain,extra"));
+    let r = p.http("gw.test", "/headers");
+    assert_eq!(r.echoed("header:x-add"), Some("b"), "{r:?}");
+
+    // URL rewrites.
+    let r = p.http("gw.test", "/rewrite/x?q=1");
+    assert_eq!(r.echoed("path"), Some("/rewritten/x?q=1"), "{r:?}");
+    assert_eq!(r.echoed("host"), Some("internal.test"), "{r:?}");
+    assert_eq!(
+        p.http("gw.test", "/rewrite").echoed("path"),
+        Some("/rewritten")
+    );
+    assert_eq!(p.http("gw.test", "/strip/a/b").echoed("path"), Some("/a/b"));
+    assert_eq!(p.http("gw.test", "/strip").echoed("path"), Some("/"));
+
+    // Statuses.
+    let out = &s.render_output;
+    let class = status_of(out, "GatewayClass", "/haproxy").expect("GatewayClass status");
+    assert_eq!(
+        condition(&class["conditions"], "Accepted"),
+        pair("True", "Accepted")
+    );
+    assert!(status_of(out, "GatewayClass", "/other").is_none());
+    assert!(status_of(out, "Gateway", "default/foreign").is_none());
+    let gw = status_of(out, "Gateway", "default/gw").expect("Gateway status");
+    assert_eq!(
+        condition(&gw["conditions"], "Accepted"),
+        pair("True", "Accepted")
+    );
+    assert_eq!(
+        condition(&gw["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+    let listeners = gw["listeners"].as_array().expect("listeners");
+    let attached: Vec<(&str, i64)> = listeners
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap(),
+                l["attachedRoutes"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(attached, [("http", 1), ("shared", 1), ("https", 1)], "{gw}");
+    for l in listeners {
+        assert_eq!(
+            condition(&l["conditions"], "Programmed"),
+            pair("True", "Programmed")
+        );
+        assert_eq!(l["conditions"][0]["observedGeneration"], 3);
+    }
+    let main = status_of(out, "HTTPRoute", "default/main").expect("main status");
+    let parent = &main["parents"][0];
+    assert_eq!(parent["controllerName"], "haproxy-haptic.org/controller");
+    assert_eq!(parent["parentRef"]["sectionName"], "http");
+    assert_eq!(
+        condition(&parent["conditions"], "Accepted"),
+        pair("True", "Accepted")
+    );
+    assert_eq!(
+        condition(&parent["conditions"], "ResolvedRefs"),
+        pair("False", "BackendNotFound")
+    );
+    let denied = status_of(out, "HTTPRoute", "team/not-allowed").expect("status");
+    assert_eq!(
+        condition(&denied["parents"][0]["conditions"], "Accepted"),
+        pair("False", "NotAllowedByListeners")
+    );
+    let nohost = status_of(out, "HTTPRoute", "default/no-host").expect("status");
+    assert_eq!(
+        condition(&nohost["parents"][0]["conditions"], "Accepted"),
+        pair("False", "NoMatchingListenerHostname")
+    );
+    assert!(status_of(out, "HTTPRoute", "default/foreign").is_none());
+}
+
+#[test]
+fn gateway_route_status_keeps_other_controllers_entries() {
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(GATEWAYS);
+    m.push_str(&route(
+        "default",
+        "both",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: gw, sectionName: http}, {name: foreign}]\n  hostnames: [both.test]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
+    ));
+    m.push_str(concat!(
+        "status:\n  parents:\n",
+        "    - {controllerName: example.com/other, parentRef: {name: foreign}, conditions: [{type: Accepted, status: \"True\", reason: Accepted, message: ok, lastTransitionTime: \"2024-01-01T00:00:00Z\"}]}\n",
+        "    - {controllerName: haproxy-haptic.org/controller, parentRef: {name: stale}, conditions: []}\n",
+    ));
+    let s = Scenario::start("gateway-status", &m, &[]);
+    assert_eq!(s.proxy.http("both.test", "/").backend(), Some("web"));
+    let st = status_of(&s.render_output, "HTTPRoute", "default/both").expect("status");
+    let parents = st["parents"].as_array().expect("parents");
+    assert_eq!(parents.len(), 2, "{st}");
+    assert_eq!(parents[0]["controllerName"], "example.com/other");
+    assert_eq!(
+        parents[1]["controllerName"],
+        "haproxy-haptic.org/controller"
+    );
+    assert_eq!(parents[1]["parentRef"]["name"], "gw");
+}
