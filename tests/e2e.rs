@@ -1,59 +1,423 @@
 //! End to end: dev API server, two controller replicas, two HAProxy pods (real HAProxy and
-//! `haptic-agent`), echo backends, real HTTP requests.
+//! `haptic-agent` each on its own loopback address), echo backends, real HTTP requests.
 
 mod support;
 
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
+use serde_json::json;
 use support::cluster::{Backend, Cluster};
 use support::wait_for;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
-fn ingress(name: &str, host: &str, service: &str) -> String {
+fn ingress(name: &str, host: &str, service: &str, annotations: &str) -> String {
     format!(
-        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default}}\n\
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\n\
          spec:\n  ingressClassName: haproxy\n  rules:\n  - host: {host}\n    http:\n      paths:\n      - path: /\n        pathType: Prefix\n        backend: {{service: {{name: {service}, port: {{number: 80}}}}}}\n"
     )
 }
 
-fn require_haproxy() {
-    let ok = std::process::Command::new("haproxy")
-        .arg("-v")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+fn require(tool: &str) {
+    let ok = Command::new(tool)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+        || Command::new(tool)
+            .arg("-v")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
     assert!(
         ok,
-        "haproxy is not installed: run scripts/test.sh (it installs it)"
+        "{tool} is not installed: run scripts/test.sh (it installs what the tests need)"
     );
 }
 
-/// Two pods, two controllers, one Service with one backend, all synced.
-fn running_cluster() -> (Cluster, Backend) {
-    require_haproxy();
+/// Two pods, two controllers, Service `web` with one backend and an Ingress for it, routed.
+fn routed_cluster(webhook: bool) -> (Cluster, Backend) {
+    require("haproxy");
     let mut c = Cluster::start(&[]);
     c.apply_config(&c.config_object(""));
+    if webhook {
+        c.enable_webhook();
+    }
     c.add_pod();
     c.add_pod();
     c.start_controller("ctrl-a");
     c.start_controller("ctrl-b");
     let web = Backend::start("web-1");
     c.create_service("web", &[&web]);
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("web", "web.example.com", "web", "")),
+    );
+    assert!(ok, "{out}");
+    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
     (c, web)
+}
+
+/// Backend names answering `host` on every pod over `n` requests each.
+fn seen_backends(c: &Cluster, host: &str, n: usize) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for pod in 0..c.pods.len() {
+        for _ in 0..n {
+            if let Some((200, body)) = c.request(pod, host, "/") {
+                seen.insert(body.trim().to_string());
+            }
+        }
+    }
+    seen
+}
+
+fn metrics(c: &Cluster, controller: usize) -> String {
+    let ctrl = &c.controllers[controller];
+    ctrl.get(ctrl.metrics_port, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+}
+
+fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(series))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[test]
 fn ingress_routes_and_deletion_stops_routing() {
-    let (c, _web) = running_cluster();
-    let (ok, out) = c.kubectl(
-        &["apply", "--validate=false", "-f", "-"],
-        Some(&ingress("web", "web.example.com", "web")),
-    );
-    assert!(ok, "{out}");
-    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
+    let (c, _web) = routed_cluster(false);
     let (ok, out) = c.kubectl(&["delete", "ingress", "web"], None);
     assert!(ok, "{out}");
     c.wait_route("web.example.com", "/", 404, "", DEADLINE);
-    wait_for("a leader", DEADLINE, || c.lease_holder().is_some());
+    // Exactly one replica leads and reports it; its status says where the config went.
+    wait_for("a leader", DEADLINE, || c.leader_index().is_some());
+    let leader = c.leader_index().unwrap();
+    assert_eq!(
+        metric_value(&metrics(&c, leader), "haptic_leader_election_is_leader"),
+        1.0
+    );
+    assert_eq!(
+        metric_value(&metrics(&c, 1 - leader), "haptic_leader_election_is_leader"),
+        0.0
+    );
+    wait_for("Deployed condition", DEADLINE, || {
+        c.condition("Deployed").is_some_and(|(s, _)| s == "True")
+    });
+    let ctrl = &c.controllers[leader];
+    let (status, body) = ctrl.get(ctrl.health_port, "/readyz").unwrap();
+    assert_eq!(status, 200, "{body}");
+    let (_, pods) = ctrl.get(ctrl.health_port, "/debug/pods").unwrap();
+    assert!(
+        pods.contains("haproxy-0") && pods.contains("haproxy-1"),
+        "{pods}"
+    );
+}
+
+#[test]
+fn endpoint_scaling_is_runtime_and_template_changes_apply_live() {
+    let (c, web1) = routed_cluster(false);
+    let pids: Vec<_> = c.pods.iter().map(|p| p.worker_pid()).collect();
+    assert!(pids.iter().all(Option::is_some), "worker pids: {pids:?}");
+
+    // Scale out: both backends serve, and HAProxy was not reloaded.
+    let web2 = Backend::start("web-2");
+    c.set_endpoints("web", &[&web1, &web2]);
+    wait_for("both backends serve", DEADLINE, || {
+        seen_backends(&c, "web.example.com", 6)
+            == BTreeSet::from(["web-1".to_string(), "web-2".to_string()])
+    });
+    // Scale in to the new one only.
+    c.set_endpoints("web", &[&web2]);
+    wait_for("only web-2 serves", DEADLINE, || {
+        seen_backends(&c, "web.example.com", 6) == BTreeSet::from(["web-2".to_string()])
+    });
+    let after: Vec<_> = c.pods.iter().map(|p| p.worker_pid()).collect();
+    assert_eq!(pids, after, "endpoint changes must not reload HAProxy");
+
+    // A template edit in the HAProxyTemplateConfig reaches traffic without a restart.
+    let snippet = |template: &str| {
+        format!("templateSnippets:\n  frontend-filters-900-e2e:\n    template: {template}\n")
+    };
+    c.apply_config(&c.config_object(&snippet("'http-request return status 418 content-type text/plain string teapot if { path /teapot }'")));
+    c.wait_route("web.example.com", "/teapot", 418, "teapot", DEADLINE);
+
+    // A broken template: the Rendered condition names the template and line, the error metric
+    // moves, and traffic keeps flowing on the last good configuration.
+    wait_for("a leader", DEADLINE, || c.leader_index().is_some());
+    let leader = c.leader_index().unwrap();
+    c.apply_config(&c.config_object(&snippet("\"# e2e\\n{{ 1 + 'x' }}\"")));
+    wait_for("Rendered=False", DEADLINE, || {
+        c.condition("Rendered").is_some_and(|(s, _)| s == "False")
+    });
+    let (_, message) = c.condition("Rendered").unwrap();
+    assert!(
+        message.contains("frontend-filters-900-e2e") && message.contains("line 2"),
+        "{message}"
+    );
+    assert!(
+        metric_value(
+            &metrics(&c, leader),
+            "haptic_reconciliation_errors_total{stage=\"render\"}"
+        ) >= 1.0
+    );
+    for pod in 0..c.pods.len() {
+        assert_eq!(
+            c.request(pod, "web.example.com", "/teapot").map(|r| r.0),
+            Some(418),
+            "last good config still served"
+        );
+    }
+    // Fixing it recovers.
+    c.apply_config(&c.config_object(&snippet(
+        "'http-request return status 418 content-type text/plain string fixed if { path /teapot }'",
+    )));
+    c.wait_route("web.example.com", "/teapot", 418, "fixed", DEADLINE);
+    wait_for("Rendered=True", DEADLINE, || {
+        c.condition("Rendered").is_some_and(|(s, _)| s == "True")
+    });
+    for ctrl in &c.controllers {
+        let (_, rendered) = ctrl.get(ctrl.health_port, "/debug/rendered").unwrap();
+        assert!(
+            rendered.contains("string fixed"),
+            "every replica renders the new template"
+        );
+    }
+}
+
+#[test]
+fn leader_failover_on_kill_and_on_sigterm() {
+    let (mut c, web1) = routed_cluster(false);
+    wait_for("a leader", DEADLINE, || c.leader_index().is_some());
+    let first = c.leader_index().unwrap();
+
+    // Killed: the standby takes over once the lease (3 s) expires and deploys the next change.
+    c.controllers[first].kill();
+    let killed = Instant::now();
+    let web2 = Backend::start("web-2");
+    c.set_endpoints("web", &[&web2]);
+    c.wait_route("web.example.com", "/", 200, "web-2", DEADLINE);
+    let after_kill = killed.elapsed();
+    eprintln!(
+        "killed leader: change deployed {after_kill:?} after the kill (lease 3s, retry 300ms)"
+    );
+    assert!(
+        after_kill < Duration::from_secs(3) + Duration::from_millis(300) + Duration::from_secs(4),
+        "{after_kill:?}"
+    );
+
+    // SIGTERM: the leader releases the lease; a standby deploys within about one retry period.
+    c.start_controller("ctrl-c");
+    let third = c.controllers.len() - 1;
+    wait_for("ctrl-c synced", DEADLINE, || {
+        c.controllers[third]
+            .get(c.controllers[third].health_port, "/readyz")
+            .is_some_and(|(s, _)| s == 200)
+    });
+    let second = c.leader_index().unwrap();
+    assert_ne!(second, first);
+    let shutdown = c.controllers[second].terminate();
+    let released = Instant::now();
+    assert!(
+        shutdown < Duration::from_secs(25),
+        "graceful shutdown took {shutdown:?}"
+    );
+    c.set_endpoints("web", &[&web1]);
+    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
+    let after_term = released.elapsed();
+    eprintln!("SIGTERM: shutdown took {shutdown:?}; change deployed {after_term:?} after exit");
+    assert!(after_term < Duration::from_secs(3), "{after_term:?}");
+    assert_eq!(c.lease_holder().as_deref(), Some("ctrl-c"));
+}
+
+#[test]
+fn restarted_agent_restarted_haproxy_and_new_pod_get_the_current_bundle() {
+    let (mut c, web1) = routed_cluster(false);
+    // The agent of pod 0 is down while the config changes; once back it catches up.
+    c.pods[0].stop_agent();
+    let web2 = Backend::start("web-2");
+    c.set_endpoints("web", &[&web2]);
+    wait_for("pod 1 updated", DEADLINE, || {
+        c.request(1, "web.example.com", "/")
+            .is_some_and(|(_, b)| b.contains("web-2"))
+    });
+    c.pods[0].start_agent();
+    wait_for(
+        "pod 0 caught up after its agent restarted",
+        DEADLINE,
+        || {
+            c.request(0, "web.example.com", "/")
+                .is_some_and(|(_, b)| b.contains("web-2"))
+        },
+    );
+
+    // HAProxy restarted with its bootstrap config: the drift check re-pushes the bundle.
+    c.pods[1].stop_haproxy();
+    c.pods[1].start_haproxy();
+    wait_for(
+        "pod 1 re-provisioned after HAProxy restarted",
+        DEADLINE,
+        || {
+            c.request(1, "web.example.com", "/")
+                .is_some_and(|(_, b)| b.contains("web-2"))
+        },
+    );
+
+    // A new pod gets the current bundle at once.
+    let n = c.add_pod();
+    wait_for("new pod provisioned", DEADLINE, || {
+        c.request(n, "web.example.com", "/")
+            .is_some_and(|(_, b)| b.contains("web-2"))
+    });
+    drop(web1);
+}
+
+#[test]
+fn api_server_faults_do_not_lose_changes() {
+    let (c, _web) = routed_cluster(false);
+    let other = Backend::start("other-1");
+    c.create_service("other", &[&other]);
+    // Watches cut mid-stream.
+    c.api.faults(&json!({"closeWatches": "abrupt"}));
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("a", "a.example.com", "other", "")),
+    );
+    assert!(ok, "{out}");
+    c.wait_route("a.example.com", "/", 200, "other-1", DEADLINE);
+    // Events held back, history compacted: the resumed watches get 410 and re-list.
+    c.api
+        .faults(&json!({"pause": ["ingresses.networking.k8s.io"]}));
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("b", "b.example.com", "other", "")),
+    );
+    assert!(ok, "{out}");
+    c.api.faults(&json!({"compact": true, "closeWatches": "clean", "resume": ["ingresses.networking.k8s.io"]}));
+    c.wait_route("b.example.com", "/", 200, "other-1", DEADLINE);
+    // A burst of 503s on ingresses while a change happens.
+    c.api.faults(&json!({"failNext": {"count": 10, "code": 503, "pathPrefix": "/apis/networking.k8s.io/v1/ingresses"}, "closeWatches": "abrupt"}));
+    let (ok, out) = c.kubectl(&["delete", "ingress", "a"], None);
+    assert!(ok, "{out}");
+    c.wait_route("a.example.com", "/", 404, "", DEADLINE);
+    c.wait_route("b.example.com", "/", 200, "other-1", DEADLINE);
+}
+
+#[test]
+fn webhook_denies_an_ingress_that_would_break_the_config() {
+    let (c, _web) = routed_cluster(true);
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress(
+            "bad",
+            "bad.example.com",
+            "web",
+            "haproxy.org/timeout-server: banana",
+        )),
+    );
+    assert!(!ok, "the webhook must deny: {out}");
+    assert!(
+        out.contains("denied the request")
+            && out.contains("haproxy.org/timeout-server: banana is not a duration"),
+        "{out}"
+    );
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress(
+            "good",
+            "good.example.com",
+            "web",
+            "haproxy.org/timeout-server: 20s",
+        )),
+    );
+    assert!(ok, "a valid Ingress is admitted: {out}");
+    c.wait_route("good.example.com", "/", 200, "web-1", DEADLINE);
+    let text = metrics(&c, 0);
+    assert!(
+        metric_value(&text, "haptic_webhook_requests_total{result=\"denied\"}") >= 1.0,
+        "{text}"
+    );
+    assert!(metric_value(&text, "haptic_webhook_requests_total{result=\"allowed\"}") >= 1.0);
+}
+
+#[test]
+fn metrics_pass_promtool_and_prometheus_scrapes_them() {
+    require("promtool");
+    let (c, _web) = routed_cluster(false);
+    let text = metrics(&c, 0);
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut check.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for name in [
+        "haptic_reconciliation_total",
+        "haptic_render_duration_seconds_bucket",
+        "haptic_watch_events_total",
+        "haptic_resource_objects",
+        "haptic_admitted_pods",
+        "process_resident_memory_bytes",
+        "haptic_build_info",
+    ] {
+        assert!(text.contains(name), "{name} missing from /metrics");
+    }
+
+    // A real Prometheus scrapes the endpoint.
+    let dir = c.dir.0.join("prometheus");
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = support::cluster::free_port("127.0.0.1");
+    std::fs::write(
+        dir.join("prometheus.yml"),
+        format!("global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: haptic\n  static_configs:\n  - targets: ['127.0.0.1:{}']\n", c.controllers[0].metrics_port),
+    )
+    .unwrap();
+    let mut prom = Command::new("prometheus")
+        .arg(format!(
+            "--config.file={}",
+            dir.join("prometheus.yml").display()
+        ))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let scraped = || {
+        support::cluster::http_get(
+            "127.0.0.1",
+            port,
+            "localhost",
+            "/api/v1/query?query=haptic_build_info",
+        )
+        .is_some_and(|(s, body)| s == 200 && body.contains("\"result\":[{"))
+    };
+    let deadline = Instant::now() + DEADLINE;
+    while !scraped() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ok = scraped();
+    let _ = prom.kill();
+    let _ = prom.wait();
+    assert!(ok, "Prometheus did not scrape haptic_build_info");
 }

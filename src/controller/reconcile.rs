@@ -160,7 +160,7 @@ impl Reconciler {
         *lock(&self.shared.store_counts) =
             stores.iter().map(|(n, st)| (n.clone(), st.len())).collect();
         self.shared.metrics.set_all(
-            "haptic_resource_count",
+            "haptic_resource_objects",
             "Objects held per watched resource.",
             stores
                 .iter()

@@ -250,13 +250,16 @@ impl HaproxyPod {
     /// The HAProxy worker pid, from the master CLI.
     pub fn worker_pid(&self) -> Option<u32> {
         let mut s = std::os::unix::net::UnixStream::connect(self.master_socket()).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
         s.write_all(b"show proc\n").ok()?;
+        // The master CLI keeps a connection open until the client stops writing.
+        s.shutdown(std::net::Shutdown::Write).ok()?;
         let mut out = String::new();
         s.read_to_string(&mut out).ok()?;
+        // Skip the `# workers` heading: the worker line starts with its pid.
         out.lines()
-            .find(|l| l.contains("worker"))
-            .and_then(|l| l.split_whitespace().next())
-            .and_then(|p| p.parse().ok())
+            .filter(|l| l.contains(" worker "))
+            .find_map(|l| l.split_whitespace().next()?.parse().ok())
     }
 }
 
@@ -325,6 +328,8 @@ pub struct Cluster {
     pub status_port: u16,
     pub pods: Vec<HaproxyPod>,
     pub controllers: Vec<Controller>,
+    /// Webhook certificate directory and the port controller replicas serve it on.
+    pub webhook: Option<(PathBuf, u16)>,
 }
 
 pub fn pods_resource() -> ResourceRef {
@@ -385,6 +390,7 @@ impl Cluster {
             status_port,
             pods: Vec::new(),
             controllers: Vec::new(),
+            webhook: None,
         }
     }
 
@@ -409,6 +415,8 @@ impl Cluster {
             .arg(root.join("chart/libraries/base.yaml"))
             .arg("-f")
             .arg(root.join("chart/libraries/ingress.yaml"))
+            .arg("-f")
+            .arg(root.join("chart/libraries/haproxytech.yaml"))
             .arg("-f")
             .arg(&overrides)
             .output()
@@ -482,9 +490,55 @@ impl Cluster {
         n
     }
 
+    /// Registers a ValidatingWebhookConfiguration for Ingresses pointing at the controller
+    /// replica started next (its webhook listens with a certificate for 127.0.0.1).
+    pub fn enable_webhook(&mut self) {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let dir = self.dir.0.join("webhook-certs");
+        let status = Command::new(root.join("scripts/gen-certs.sh"))
+            .arg(&dir)
+            .env("AGENT_SANS", "IP:127.0.0.1")
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let tls = dir.join("serving");
+        std::fs::create_dir_all(&tls).unwrap();
+        std::fs::copy(dir.join("agent.crt"), tls.join("tls.crt")).unwrap();
+        std::fs::copy(dir.join("agent.key"), tls.join("tls.key")).unwrap();
+        let port = free_port("127.0.0.1");
+        let ca = haptic_agent::base64::encode(&std::fs::read(dir.join("ca.crt")).unwrap());
+        let hook = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration", "metadata": {"name": "haptic"},
+            "webhooks": [{"name": "ingresses.haproxy-haptic.org", "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 10,
+                "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate"), "caBundle": ca},
+                "rules": [{"apiGroups": ["networking.k8s.io"], "apiVersions": ["v1"], "resources": ["ingresses"], "operations": ["CREATE", "UPDATE"]}]}]});
+        self.client
+            .create(
+                &ResourceRef::new(
+                    "admissionregistration.k8s.io/v1",
+                    "validatingwebhookconfigurations",
+                    false,
+                ),
+                None,
+                &hook,
+            )
+            .unwrap();
+        self.webhook = Some((tls, port));
+    }
+
     pub fn start_controller(&mut self, name: &str) -> usize {
         let health_port = free_port("127.0.0.1");
         let metrics_port = free_port("127.0.0.1");
+        // Only the first replica gets the registered webhook port; others run without one.
+        let webhook = match (&self.webhook, self.controllers.is_empty()) {
+            (Some((dir, port)), true) => vec![
+                "--webhook-port".to_string(),
+                format!("127.0.0.1:{port}"),
+                "--webhook-cert-dir".into(),
+                dir.display().to_string(),
+            ],
+            _ => vec!["--webhook-port".to_string(), "0".to_string()],
+        };
         let log = std::fs::File::create(self.dir.0.join(format!("{name}.log"))).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_haptic"))
             .args([
@@ -503,9 +557,8 @@ impl Cluster {
                 &format!("127.0.0.1:{health_port}"),
                 "--metrics-port",
                 &format!("127.0.0.1:{metrics_port}"),
-                "--webhook-port",
-                "0",
             ])
+            .args(&webhook)
             .args([
                 "--agent-client-cert-dir",
                 self.certs.join("controller").to_str().unwrap(),
@@ -564,6 +617,26 @@ impl Cluster {
                 },
             );
         }
+    }
+
+    /// The status condition `kind` of the HAProxyTemplateConfig: (status, message).
+    pub fn condition(&self, kind: &str) -> Option<(String, String)> {
+        let cfg = self
+            .client
+            .get(&Self::config_resource(), Some(NS), CONFIG_NAME)
+            .ok()?;
+        let conditions = cfg.pointer("/status/conditions")?.as_array()?.clone();
+        let c = conditions.into_iter().find(|c| c["type"] == kind)?;
+        Some((
+            c["status"].as_str()?.to_string(),
+            c["message"].as_str().unwrap_or_default().to_string(),
+        ))
+    }
+
+    /// The leading controller replica's index.
+    pub fn leader_index(&self) -> Option<usize> {
+        let holder = self.lease_holder()?;
+        self.controllers.iter().position(|c| c.name == holder)
     }
 
     pub fn create_service(&self, name: &str, backends: &[&Backend]) {
