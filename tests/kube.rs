@@ -500,3 +500,63 @@ fn lease_election_with_three_candidates() {
         c.stop.store(true, Ordering::SeqCst);
     }
 }
+
+#[test]
+fn unserved_resources_do_not_block_and_are_watched_once_served() {
+    use haptic::controller::watchers::{WatchDef, Watchers};
+    let server = DevApiServer::start(&[]);
+    let c = client(&server);
+    let (tx, _rx) = crossbeam_channel::unbounded();
+    let mut watchers = Watchers::new(c.clone(), tx);
+    let def = WatchDef {
+        api_version: "example.org/v1".into(),
+        resources: "widgets".into(),
+        namespace: None,
+        label_selector: None,
+        field_selector: None,
+        index_by: vec!["metadata.namespace".into(), "metadata.name".into()],
+        ignore_fields: vec![],
+    };
+    let defs = std::collections::BTreeMap::from([("widgets".to_string(), def)]);
+    assert_eq!(watchers.apply(&defs), ["widgets"]);
+    assert!(
+        watchers.barrier().is_synced(),
+        "an unserved resource must not block rendering"
+    );
+    assert_eq!(
+        watchers.undiscovered().len(),
+        1,
+        "{:?}",
+        watchers.undiscovered()
+    );
+    assert!(watchers.retry_discovery().is_empty());
+
+    let crd = json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "widgets.example.org"},
+        "spec": {"group": "example.org", "scope": "Namespaced", "names": {"plural": "widgets", "singular": "widget", "kind": "Widget"},
+            "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}});
+    c.create(
+        &ResourceRef::new(
+            "apiextensions.k8s.io/v1",
+            "customresourcedefinitions",
+            false,
+        ),
+        None,
+        &crd,
+    )
+    .unwrap();
+    let widgets = ResourceRef::new("example.org/v1", "widgets", true);
+    wait_for("CRD served", WAIT, || {
+        c.is_namespaced("example.org/v1", "widgets").is_ok()
+    });
+    c.create(
+        &widgets,
+        Some("default"),
+        &json!({"apiVersion": "example.org/v1", "kind": "Widget", "metadata": {"name": "w1"}}),
+    )
+    .unwrap();
+    assert_eq!(watchers.retry_discovery(), ["widgets"]);
+    assert!(watchers.undiscovered().is_empty());
+    wait_for("widget in the store", WAIT, || {
+        watchers.store("widgets").is_some_and(|s| s.len() == 1)
+    });
+}

@@ -51,6 +51,9 @@ pub struct Options {
     pub webhook_cert_dir: PathBuf,
 }
 
+/// How often resources the API server did not serve are looked up again.
+const DISCOVERY_RETRY: Duration = Duration::from_secs(15);
+
 /// Set by SIGTERM/SIGINT.
 pub static SHUTDOWN: AtomicBool = AtomicBool::new(false);
 
@@ -332,6 +335,7 @@ pub fn run(opts: Options) -> Result<(), String> {
     let mut runtime: Option<Runtime> = None;
     let mut active: Option<Arc<ActiveConfig>> = None;
     let mut seen_version = String::new();
+    let mut last_discovery = Instant::now();
 
     while !SHUTDOWN.load(Ordering::SeqCst) {
         crossbeam_channel::select! {
@@ -346,6 +350,13 @@ pub fn run(opts: Options) -> Result<(), String> {
             default(Duration::from_millis(100)) => {}
         }
         while config_events_rx.try_recv().is_ok() {}
+        if last_discovery.elapsed() >= DISCOVERY_RETRY {
+            last_discovery = Instant::now();
+            for name in lock(&watchers).retry_discovery() {
+                log::info!("resource={name} is served now; watching it");
+                shared.record(format!("resource {name} discovered and watched"));
+            }
+        }
         let Some(object) = snapshot(&config_store).list().next().cloned() else {
             continue;
         };
@@ -369,9 +380,10 @@ pub fn run(opts: Options) -> Result<(), String> {
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0);
-        let candidate = validate_config_object(&object, &source).and_then(|c| {
+        let candidate = validate_config_object(&object, &source).map(|c| {
             let defs = watchers::definitions(&c.spec, &namespace);
-            lock(&watchers).apply(&defs).map(|changed| (c, changed))
+            let changed = lock(&watchers).apply(&defs);
+            (c, changed)
         });
         let (config, changed) = match candidate {
             Ok(x) => x,

@@ -17,6 +17,56 @@ use crate::kube::client::{Client, ResourceRef};
 use crate::kube::lease::rfc3339;
 use crate::render::context::StatusUpdate;
 
+/// Templates have no clock (and must render deterministically), so condition times are filled
+/// in here: `lastTransitionTime` is kept from the previous write while a condition's status is
+/// unchanged, and set to `now` when it changes or is new. Conditions are matched by `type`
+/// within the same place: list elements are matched by `name`, `parentRef` or position.
+pub fn stamp_conditions(status: &mut Value, previous: Option<&Value>, now: &str) {
+    match status {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                let old = previous.and_then(|p| p.get(key));
+                if key == "conditions" {
+                    if let Value::Array(conditions) = value {
+                        for c in conditions.iter_mut() {
+                            if c.get("lastTransitionTime").is_some_and(|t| !t.is_null()) {
+                                continue;
+                            }
+                            let same = old.and_then(Value::as_array).and_then(|list| {
+                                list.iter().find(|o| o.get("type") == c.get("type"))
+                            });
+                            let time = match same {
+                                Some(o) if o.get("status") == c.get("status") => o
+                                    .get("lastTransitionTime")
+                                    .cloned()
+                                    .unwrap_or_else(|| json!(now)),
+                                _ => json!(now),
+                            };
+                            c["lastTransitionTime"] = time;
+                        }
+                    }
+                } else {
+                    stamp_conditions(value, old, now);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter_mut().enumerate() {
+                let old_list = previous.and_then(Value::as_array);
+                let identity = ["name", "parentRef"]
+                    .into_iter()
+                    .find_map(|k| item.get(k).map(|v| (k, v.clone())));
+                let matched = old_list.and_then(|list| match &identity {
+                    Some((k, v)) => list.iter().find(|o| o.get(*k) == Some(v)),
+                    None => list.get(i),
+                });
+                stamp_conditions(item, matched, now);
+            }
+        }
+        _ => {}
+    }
+}
+
 pub enum StatusMsg {
     ConfigValidation {
         generation: i64,
@@ -73,7 +123,8 @@ struct Written {
     transition_times: BTreeMap<&'static str, (bool, String)>,
     generation: i64,
     haproxycfg: Option<(String, String)>,
-    templates: BTreeMap<(String, String, String, String), Value>,
+    /// Per object: the status the templates asked for, and what was written (with times).
+    templates: BTreeMap<(String, String, String, String), (Value, Value)>,
     last_error_event: Option<String>,
     haproxycfg_unavailable: bool,
 }
@@ -250,23 +301,31 @@ impl StatusWriter {
                 }
             }
         }
+        let now = rfc3339(SystemTime::now());
         for (key, status) in &desired.templates {
-            if written.templates.get(key) == Some(status) {
+            let previous = written.templates.get(key);
+            if previous.is_some_and(|(desired, _)| desired == status) {
                 continue;
             }
+            let mut stamped = status.clone();
+            stamp_conditions(&mut stamped, previous.map(|(_, s)| s), &now);
             let (api_version, kind, namespace, name) = key;
             let res = ResourceRef::new(api_version, &plural_of(kind), !namespace.is_empty());
             let ns = (!namespace.is_empty()).then_some(namespace.as_str());
             match self
                 .client
-                .merge_patch_status(&res, ns, name, &json!({"status": status}))
+                .merge_patch_status(&res, ns, name, &json!({"status": stamped}))
             {
                 Ok(_) => {
-                    written.templates.insert(key.clone(), status.clone());
+                    written
+                        .templates
+                        .insert(key.clone(), (status.clone(), stamped));
                 }
                 Err(e) if e.is_not_found() => {
                     log::debug!("status for {kind} {namespace}/{name}: object gone");
-                    written.templates.insert(key.clone(), status.clone());
+                    written
+                        .templates
+                        .insert(key.clone(), (status.clone(), stamped));
                 }
                 Err(e) => log::warn!("status for {kind} {namespace}/{name}: {e}"),
             }
@@ -329,5 +388,38 @@ impl StatusWriter {
         ) {
             log::warn!("create event: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stamp_conditions;
+    use serde_json::json;
+
+    #[test]
+    fn condition_times_are_kept_while_unchanged() {
+        let mut first = json!({"parents": [{"parentRef": {"name": "gw"}, "conditions": [{"type": "Accepted", "status": "True"}]}],
+            "conditions": [{"type": "Programmed", "status": "False"}]});
+        stamp_conditions(&mut first, None, "T1");
+        assert_eq!(
+            first["parents"][0]["conditions"][0]["lastTransitionTime"],
+            "T1"
+        );
+        let mut second = json!({"parents": [{"parentRef": {"name": "other"}, "conditions": [{"type": "Accepted", "status": "True"}]},
+            {"parentRef": {"name": "gw"}, "conditions": [{"type": "Accepted", "status": "True"}]}],
+            "conditions": [{"type": "Programmed", "status": "True"}]});
+        stamp_conditions(&mut second, Some(&first), "T2");
+        assert_eq!(
+            second["parents"][1]["conditions"][0]["lastTransitionTime"], "T1",
+            "unchanged, matched by parentRef"
+        );
+        assert_eq!(
+            second["parents"][0]["conditions"][0]["lastTransitionTime"], "T2",
+            "new parent"
+        );
+        assert_eq!(
+            second["conditions"][0]["lastTransitionTime"], "T2",
+            "status changed"
+        );
     }
 }

@@ -32,6 +32,9 @@ struct Running {
     store: SharedStore,
     synced: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
+    /// Discovery has not found the resource yet (not served, or the API server did not
+    /// answer); the store stays empty and discovery is retried.
+    undiscovered: Option<String>,
 }
 
 impl Drop for Running {
@@ -91,18 +94,12 @@ impl Watchers {
 
     /// Starts, restarts and stops reflectors so they match `defs`. Fails (changing nothing)
     /// when a resource is not served by the API server.
-    pub fn apply(&mut self, defs: &BTreeMap<String, WatchDef>) -> Result<Vec<String>, String> {
-        let mut to_start = Vec::new();
-        for (name, def) in defs {
-            if self.running.get(name).is_some_and(|r| r.def == *def) {
-                continue;
-            }
-            let namespaced = self
-                .client
-                .is_namespaced(&def.api_version, &def.resources)
-                .map_err(|e| format!("spec.watchedResources.{name}: {e}"))?;
-            to_start.push((name.clone(), def.clone(), namespaced));
-        }
+    /// Starts, restarts and stops reflectors so they match `defs`; returns the names whose
+    /// reflector (re)started. A resource the API server does not serve (a Gateway API CRD not
+    /// installed, say) does not block the config: its store stays empty, it counts as synced,
+    /// and discovery is retried by [`Watchers::retry_discovery`]. When discovery itself fails
+    /// (API server unreachable), the store is not synced, so nothing renders from a guess.
+    pub fn apply(&mut self, defs: &BTreeMap<String, WatchDef>) -> Vec<String> {
         let mut changed: Vec<String> = self
             .running
             .keys()
@@ -110,12 +107,75 @@ impl Watchers {
             .cloned()
             .collect();
         self.running.retain(|k, _| defs.contains_key(k));
-        for (name, def, namespaced) in to_start {
-            self.running.remove(&name);
-            self.start(&name, def, namespaced);
-            changed.push(name);
+        for (name, def) in defs {
+            if self.running.get(name).is_some_and(|r| r.def == *def) {
+                continue;
+            }
+            self.running.remove(name);
+            self.discover_and_start(name, def.clone());
+            changed.push(name.clone());
         }
-        Ok(changed)
+        changed
+    }
+
+    /// Retries discovery of resources not found yet; returns those now watched.
+    pub fn retry_discovery(&mut self) -> Vec<String> {
+        let pending: Vec<(String, WatchDef)> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.undiscovered.is_some())
+            .map(|(n, r)| (n.clone(), r.def.clone()))
+            .collect();
+        let mut started = Vec::new();
+        for (name, def) in pending {
+            if self
+                .client
+                .is_namespaced(&def.api_version, &def.resources)
+                .is_ok()
+            {
+                self.running.remove(&name);
+                self.discover_and_start(&name, def);
+                started.push(name);
+            }
+        }
+        started
+    }
+
+    /// The resources still waiting for discovery, with the reason (for status and logs).
+    pub fn undiscovered(&self) -> Vec<String> {
+        self.running
+            .iter()
+            .filter_map(|(n, r)| r.undiscovered.as_ref().map(|why| format!("{n}: {why}")))
+            .collect()
+    }
+
+    fn discover_and_start(&mut self, name: &str, def: WatchDef) {
+        match self.client.is_namespaced(&def.api_version, &def.resources) {
+            Ok(namespaced) => self.start(name, def, namespaced),
+            Err(e) => {
+                let served_elsewhere = e.code().is_some_and(|c| c == 404);
+                if served_elsewhere {
+                    log::warn!("resource={name} {} {} is not served by the API server; its store stays empty until it is", def.api_version, def.resources);
+                } else {
+                    log::warn!("resource={name} discovery failed, will retry: {e}");
+                }
+                let index = def
+                    .index_by
+                    .iter()
+                    .filter_map(|e| crate::store::path::PathExpr::parse(e).ok())
+                    .collect();
+                self.running.insert(
+                    name.to_string(),
+                    Running {
+                        def,
+                        store: Arc::new(RwLock::new(Arc::new(Store::new(index)))),
+                        synced: Arc::new(AtomicBool::new(served_elsewhere)),
+                        stop: Arc::new(AtomicBool::new(false)),
+                        undiscovered: Some(e.to_string()),
+                    },
+                );
+            }
+        }
     }
 
     fn start(&mut self, name: &str, def: WatchDef, namespaced: bool) {
@@ -174,6 +234,7 @@ impl Watchers {
                 store,
                 synced,
                 stop,
+                undiscovered: None,
             },
         );
     }
