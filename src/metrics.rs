@@ -279,7 +279,7 @@ mod tests {
         let text = r.encode();
         assert!(
             text.contains(
-                "# TYPE haptic_reconciliations_total counter\nhaptic_reconciliations_total 1\n"
+                "# TYPE haptic_reconciliation_total counter\nhaptic_reconciliation_total 1\n"
             ),
             "{text}"
         );
