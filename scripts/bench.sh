@@ -6,6 +6,8 @@
 #                               and 10,000 generated routed Services (+ EndpointSlices)
 #   scripts/bench.sh watch      list and watch ingest into stores, and store memory, for 10,000
 #                               Ingresses + Services + EndpointSlices from the dev API server
+#   scripts/bench.sh latency    event-to-traffic latency (EndpointSlice change, new route) with
+#                               1,000 Ingresses, through two HAProxy pods and two controllers
 #   scripts/bench.sh agent      agent apply latency, runtime- and reload-class changes, on a
 #                               1,000-backend config (scripts/bench-agent.sh)
 set -euo pipefail
@@ -58,10 +60,16 @@ bench_watch() {
   cargo bench --quiet --bench watch_ingest 2>/dev/null | grep '^watch-ingest'
 }
 
+bench_latency() {
+  ensure_packages haproxy:haproxy openssl:openssl ss:iproute2
+  cargo bench --quiet --bench event_latency 2>/dev/null | grep '^latency'
+}
+
 case "$which" in
   render) bench_render ;;
   watch) bench_watch ;;
+  latency) bench_latency ;;
   agent) scripts/bench-agent.sh ;;
-  all) bench_render; bench_watch; scripts/bench-agent.sh ;;
-  *) echo "unknown benchmark $which (render, watch, agent, all)" >&2; exit 2 ;;
+  all) bench_render; bench_watch; bench_latency; scripts/bench-agent.sh ;;
+  *) echo "unknown benchmark $which (render, watch, latency, agent, all)" >&2; exit 2 ;;
 esac

@@ -1,0 +1,129 @@
+//! Event-to-traffic latency (run by `scripts/bench.sh latency`): with 1,000 Ingresses loaded,
+//! the time from an API write to a request through HAProxy reaching the new endpoint — for
+//! EndpointSlice changes (runtime class, no reload) and for new routes (reload class).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::time::{Duration, Instant};
+
+use haptic::kube::client::ResourceRef;
+use serde_json::json;
+use support::cluster::{Backend, Cluster, NS};
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn report(what: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    println!(
+        "latency {what} n={} p50_ms={:.0} p95_ms={:.0} max_ms={:.0}",
+        samples.len(),
+        percentile(&samples, 0.5).as_secs_f64() * 1000.0,
+        percentile(&samples, 0.95).as_secs_f64() * 1000.0,
+        samples.last().unwrap().as_secs_f64() * 1000.0
+    );
+}
+
+fn wait(c: &Cluster, host: &str, body: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        if (0..c.pods.len()).all(|n| {
+            c.request(n, host, "/")
+                .is_some_and(|(s, b)| s == 200 && b.contains(body))
+        }) {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{host} never answered {body}"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn main() {
+    let ingresses: usize = std::env::var("BENCH_INGRESSES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let changes: usize = std::env::var("BENCH_CHANGES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let seed = support::TempDir::new("latency-seed");
+    let mut items = Vec::new();
+    for i in 0..ingresses {
+        items.push(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": format!("svc-{i}"), "namespace": NS}, "spec": {"ports": [{"name": "http", "port": 80}]}}));
+        items.push(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": format!("svc-{i}-0"), "namespace": NS, "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": 9, "protocol": "TCP"}], "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}]}));
+        items.push(json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": format!("ing-{i}"), "namespace": NS},
+            "spec": {"ingressClassName": "haproxy", "rules": [{"host": format!("h{i}.example.com"), "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                "backend": {"service": {"name": format!("svc-{i}"), "port": {"number": 80}}}}]}}]}}));
+    }
+    std::fs::write(
+        seed.0.join("objects.json"),
+        json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string(),
+    )
+    .unwrap();
+    let mut c = Cluster::start(&["--load", seed.0.to_str().unwrap(), "--history", "1000000"]);
+    c.apply_config(&c.config_object(""));
+    c.add_pod();
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    c.start_controller("ctrl-b");
+    let (a, b) = (Backend::start("a"), Backend::start("b"));
+    c.create_service("web", &[&a]);
+    let ing = |name: &str, host: &str, svc: &str| {
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": name, "namespace": NS},
+            "spec": {"ingressClassName": "haproxy", "rules": [{"host": host, "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": svc, "port": {"number": 80}}}}]}}]}})
+    };
+    let ingress_res = ResourceRef::new("networking.k8s.io/v1", "ingresses", true);
+    c.client
+        .create(
+            &ingress_res,
+            Some(NS),
+            &ing("web", "web.example.com", "web"),
+        )
+        .unwrap();
+    let warmup = Instant::now();
+    wait(&c, "web.example.com", "a");
+    println!(
+        "latency setup ingresses={ingresses} first_route_s={:.1}",
+        warmup.elapsed().as_secs_f64()
+    );
+
+    // Runtime class: move the endpoint between two backends with one EndpointSlice update.
+    let slices = ResourceRef::new("discovery.k8s.io/v1", "endpointslices", true);
+    let mut runtime = Vec::new();
+    for i in 0..changes {
+        let (target, name) = if i % 2 == 0 { (&b, "b") } else { (&a, "a") };
+        let started = Instant::now();
+        let patch = json!({"ports": [{"name": "http", "port": target.port, "protocol": "TCP"}]});
+        c.client
+            .merge_patch(&slices, Some(NS), "web-slice-0", &patch)
+            .unwrap();
+        wait(&c, "web.example.com", name);
+        runtime.push(started.elapsed());
+    }
+    report("endpointslice_change (runtime)", runtime);
+
+    // Reload class: a new Ingress for a new Service adds a backend.
+    let mut reload = Vec::new();
+    for i in 0..changes.min(30) {
+        let svc = format!("new-{i}");
+        c.create_service(&svc, &[&a]);
+        let started = Instant::now();
+        c.client
+            .create(
+                &ingress_res,
+                Some(NS),
+                &ing(&svc, &format!("{svc}.example.com"), &svc),
+            )
+            .unwrap();
+        wait(&c, &format!("{svc}.example.com"), "a");
+        reload.push(started.elapsed());
+    }
+    report("new_route (reload)", reload);
+}
