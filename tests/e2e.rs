@@ -43,8 +43,13 @@ fn require(tool: &str) {
 
 /// Two pods, two controllers, Service `web` with one backend and an Ingress for it, routed.
 fn routed_cluster(webhook: bool) -> (Cluster, Backend) {
+    routed_cluster_with(webhook, false)
+}
+
+fn routed_cluster_with(webhook: bool, insecure_agents: bool) -> (Cluster, Backend) {
     require("haproxy");
     let mut c = Cluster::start(&[]);
+    c.insecure_agents = insecure_agents;
     c.apply_config(&c.config_object(""));
     if webhook {
         c.enable_webhook();
@@ -420,4 +425,17 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
     let _ = prom.kill();
     let _ = prom.wait();
     assert!(ok, "Prometheus did not scrape haptic_build_info");
+}
+
+#[test]
+fn legacy_plain_http_transport_with_basic_auth() {
+    let (c, _web) = routed_cluster_with(false, true);
+    // Routed through agents that speak plain HTTP with the credentials; without them, refused.
+    let port = c.agent_port;
+    let refused = support::cluster::http_get(&c.pods[0].ip, port, "agent", "/v1/state");
+    assert_eq!(
+        refused.map(|r| r.0),
+        Some(401),
+        "the agent requires the credentials"
+    );
 }

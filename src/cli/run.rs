@@ -18,6 +18,7 @@ const OPTIONS: &[Spec] = &[
     opt("haproxy-bin", None, "HAProxy binary for validation (env HAPROXY_BIN; default haproxy on PATH)"),
     opt("agent-client-cert-dir", None, "Directory with tls.crt, tls.key, ca.crt for talking to agents (env AGENT_CLIENT_CERT_DIR; default /etc/haptic/agent-client)"),
     opt("agent-server-name", None, "DNS name the agents' certificate must carry (env AGENT_SERVER_NAME; default haptic-agent)"),
+    opt("agent-credentials-dir", None, "Plain HTTP with basic auth from DIR/username and DIR/password, for agents run with --insecure-http-with-basic-auth (env AGENT_CREDENTIALS_DIR; default: mutual TLS)"),
     opt("webhook-cert-dir", None, "Directory with the webhook's tls.crt and tls.key (env WEBHOOK_CERT_DIR; default /etc/haptic/webhook)"),
     opt("log-level", None, "TRACE, DEBUG, INFO, WARN or ERROR (env LOG_LEVEL; default INFO; spec.logging.level overrides)"),
 ];
@@ -81,6 +82,12 @@ pub fn run(args: &[String]) -> CommandResult {
         agent_cert_dir: flag_or_env(&parsed, "agent-client-cert-dir", "AGENT_CLIENT_CERT_DIR")
             .unwrap_or_else(|| "/etc/haptic/agent-client".into())
             .into(),
+        agent_credentials_dir: flag_or_env(
+            &parsed,
+            "agent-credentials-dir",
+            "AGENT_CREDENTIALS_DIR",
+        )
+        .map(PathBuf::from),
         agent_server_name: flag_or_env(&parsed, "agent-server-name", "AGENT_SERVER_NAME")
             .unwrap_or_else(|| "haptic-agent".into()),
         webhook_cert_dir: flag_or_env(&parsed, "webhook-cert-dir", "WEBHOOK_CERT_DIR")

@@ -21,7 +21,7 @@ use crossbeam_channel::{unbounded, Receiver, Sender};
 use serde_json::Value;
 
 use crate::config::ConfigDocument;
-use crate::deploy::agent_client::{AgentClient, AgentTls};
+use crate::deploy::agent_client::{AgentClient, AgentTls, Transport};
 use crate::deploy::{DeployMsg, Deployer, DeployerConfig};
 use crate::kube::client::{Client, ListParams};
 use crate::kube::config::KubeConfig;
@@ -48,6 +48,8 @@ pub struct Options {
     pub haproxy_bin: String,
     pub agent_cert_dir: PathBuf,
     pub agent_server_name: String,
+    /// Plain HTTP with basic auth from these files (`username`, `password`) instead of mTLS.
+    pub agent_credentials_dir: Option<PathBuf>,
     pub webhook_cert_dir: PathBuf,
 }
 
@@ -172,13 +174,19 @@ fn start_runtime(
                 .send(ControlMsg::CurrentConfig(content.to_string()));
         }
     }
-    let agent_tls = AgentTls {
-        dir: opts.agent_cert_dir.clone(),
-        server_name: opts.agent_server_name.clone(),
+    let transport = match &opts.agent_credentials_dir {
+        Some(dir) => {
+            log::warn!("talking to agents over plain HTTP with basic auth ({}): use only where the network is trusted", dir.display());
+            Transport::BasicAuth { dir: dir.clone() }
+        }
+        None => Transport::Tls(AgentTls {
+            dir: opts.agent_cert_dir.clone(),
+            server_name: opts.agent_server_name.clone(),
+        }),
     };
     let deployer = Deployer {
         client: Arc::new(AgentClient::new(
-            agent_tls,
+            transport,
             spec.dataplane_port(),
             spec.deployment_timeout(),
         )),
@@ -287,6 +295,12 @@ pub fn run(opts: Options) -> Result<(), String> {
     metrics.set(
         "haptic_leader_election_is_leader",
         "1 while this replica leads.",
+        &[],
+        0.0,
+    );
+    metrics.set(
+        "haptic_admitted_pods",
+        "HAProxy pods admitted for deployment.",
         &[],
         0.0,
     );

@@ -24,8 +24,18 @@ pub struct AgentTls {
 type Fingerprint = Vec<(SystemTime, u64)>;
 
 /// Builds and caches the rustls client configuration from `tls.crt`, `tls.key`, `ca.crt`.
+/// How the controller reaches agents.
+#[derive(Debug, Clone)]
+pub enum Transport {
+    /// HTTPS with mutual TLS (the default).
+    Tls(AgentTls),
+    /// Plain HTTP with the credentials Secret's `username` and `password` (files in `dir`);
+    /// only for the agents' explicit `--insecure-http-with-basic-auth` mode.
+    BasicAuth { dir: PathBuf },
+}
+
 pub struct AgentClient {
-    tls: AgentTls,
+    transport: Transport,
     port: u16,
     timeout: Duration,
     cached: Mutex<Option<(Fingerprint, Arc<ClientConfig>)>>,
@@ -49,22 +59,21 @@ impl Reply {
 }
 
 impl AgentClient {
-    pub fn new(tls: AgentTls, port: u16, timeout: Duration) -> AgentClient {
+    pub fn new(transport: Transport, port: u16, timeout: Duration) -> AgentClient {
         AgentClient {
-            tls,
+            transport,
             port,
             timeout,
             cached: Mutex::new(None),
         }
     }
 
-    fn files(&self) -> [PathBuf; 3] {
-        ["tls.crt", "tls.key", "ca.crt"].map(|f| self.tls.dir.join(f))
+    fn files(tls: &AgentTls) -> [PathBuf; 3] {
+        ["tls.crt", "tls.key", "ca.crt"].map(|f| tls.dir.join(f))
     }
 
-    fn config(&self) -> Result<Arc<ClientConfig>, String> {
-        let print: Fingerprint = self
-            .files()
+    fn config(&self, tls: &AgentTls) -> Result<Arc<ClientConfig>, String> {
+        let print: Fingerprint = Self::files(tls)
             .iter()
             .map(|p| {
                 std::fs::metadata(p)
@@ -78,13 +87,13 @@ impl AgentClient {
                 return Ok(config.clone());
             }
         }
-        let config = match self.build() {
+        let config = match Self::build(tls) {
             Ok(c) => Arc::new(c),
             // A half-written rotation must not break deployments: keep the previous config.
             Err(e) => {
                 match cached.as_ref() {
                     Some((_, config)) => {
-                        log::warn!("agent client certificates in {} unusable, keeping the previous ones: {e}", self.tls.dir.display());
+                        log::warn!("agent client certificates in {} unusable, keeping the previous ones: {e}", tls.dir.display());
                         return Ok(config.clone());
                     }
                     None => return Err(e),
@@ -95,8 +104,8 @@ impl AgentClient {
         Ok(config)
     }
 
-    fn build(&self) -> Result<ClientConfig, String> {
-        let [cert, key, ca] = self.files();
+    fn build(tls: &AgentTls) -> Result<ClientConfig, String> {
+        let [cert, key, ca] = Self::files(tls);
         let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()));
         let mut roots = RootCertStore::empty();
         for c in CertificateDer::pem_slice_iter(&read(&ca)?) {
@@ -127,7 +136,6 @@ impl AgentClient {
         headers: &[(&str, String)],
         body: Option<&[u8]>,
     ) -> Result<Reply, String> {
-        let config = self.config()?;
         let ip: std::net::IpAddr = ip.parse().map_err(|_| format!("bad pod IP {ip:?}"))?;
         let addr = SocketAddr::new(ip, self.port);
         let tcp = TcpStream::connect_timeout(&addr, self.timeout.min(Duration::from_secs(5)))
@@ -136,56 +144,83 @@ impl AgentClient {
             .map_err(|e| e.to_string())?;
         tcp.set_write_timeout(Some(self.timeout))
             .map_err(|e| e.to_string())?;
-        let name = ServerName::try_from(self.tls.server_name.clone())
-            .map_err(|e| format!("server name {}: {e}", self.tls.server_name))?;
-        let conn = ClientConnection::new(config, name).map_err(|e| e.to_string())?;
-        let mut stream = StreamOwned::new(conn, tcp);
-        let body = body.unwrap_or_default();
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
-            self.tls.server_name,
-            body.len()
-        );
-        if !body.is_empty() {
-            head.push_str("Content-Type: application/json\r\n");
-        }
-        for (k, v) in headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        head.push_str("\r\n");
-        stream
-            .write_all(head.as_bytes())
-            .and_then(|_| stream.write_all(body))
-            .and_then(|_| stream.flush())
-            .map_err(|e| format!("{method} {path} to {addr}: {e}"))?;
-        let mut raw = Vec::new();
-        let mut chunk = [0u8; 16 * 1024];
-        loop {
-            match stream.read(&mut chunk) {
-                Ok(0) => break,
-                Ok(n) => {
-                    raw.extend_from_slice(&chunk[..n]);
-                    if raw.len() > MAX_RESPONSE {
-                        return Err(format!(
-                            "{method} {path} to {addr}: response over {MAX_RESPONSE} bytes"
-                        ));
-                    }
-                    if response_complete(&raw) {
-                        break;
-                    }
-                }
-                // A peer that closes without close_notify after a complete response is fine.
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::UnexpectedEof && response_complete(&raw) =>
-                {
-                    break
-                }
-                Err(e) => return Err(format!("{method} {path} to {addr}: {e}")),
+        let context = |e: String| format!("{method} {path} to {addr}: {e}");
+        match &self.transport {
+            Transport::Tls(tls) => {
+                let config = self.config(tls)?;
+                let name = ServerName::try_from(tls.server_name.clone())
+                    .map_err(|e| format!("server name {}: {e}", tls.server_name))?;
+                let conn = ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+                let mut stream = StreamOwned::new(conn, tcp);
+                exchange(&mut stream, &tls.server_name, method, path, headers, body)
+                    .map_err(context)
+            }
+            Transport::BasicAuth { dir } => {
+                let read = |f: &str| {
+                    std::fs::read_to_string(dir.join(f))
+                        .map(|s| s.trim().to_string())
+                        .map_err(|e| format!("read {}: {e}", dir.join(f).display()))
+                };
+                let credentials = haptic_agent::base64::encode(
+                    format!("{}:{}", read("username")?, read("password")?).as_bytes(),
+                );
+                let mut all: Vec<(&str, String)> = headers.to_vec();
+                all.push(("Authorization", format!("Basic {credentials}")));
+                let mut stream = tcp;
+                exchange(&mut stream, &ip.to_string(), method, path, &all, body).map_err(context)
             }
         }
-        parse_response(&raw)
-            .ok_or_else(|| format!("{method} {path} to {addr}: malformed HTTP response"))
     }
+}
+
+/// Writes one request and reads the whole response (the agent closes after answering).
+fn exchange<S: Read + Write>(
+    stream: &mut S,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: Option<&[u8]>,
+) -> Result<Reply, String> {
+    let body = body.unwrap_or_default();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    if !body.is_empty() {
+        head.push_str("Content-Type: application/json\r\n");
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream
+        .write_all(head.as_bytes())
+        .and_then(|_| stream.write_all(body))
+        .and_then(|_| stream.flush())
+        .map_err(|e| e.to_string())?;
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                raw.extend_from_slice(&chunk[..n]);
+                if raw.len() > MAX_RESPONSE {
+                    return Err(format!("response over {MAX_RESPONSE} bytes"));
+                }
+                if response_complete(&raw) {
+                    break;
+                }
+            }
+            // A peer that closes without close_notify after a complete response is fine.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && response_complete(&raw) => {
+                break
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    parse_response(&raw).ok_or_else(|| "malformed HTTP response".to_string())
 }
 
 fn split_head(raw: &[u8]) -> Option<(&[u8], &[u8])> {

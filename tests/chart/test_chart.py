@@ -674,6 +674,8 @@ class Certificates(unittest.TestCase):
         agent = container(one(docs, "Deployment", f"{FULLNAME}-haproxy"), "agent")
         self.assertIn("--insecure-http-with-basic-auth", agent["args"])
         self.assertNotIn("--tls-cert", agent["args"])
+        controller = container(one(docs, "Deployment", f"{FULLNAME}-controller"), "controller")
+        self.assertIn("--agent-credentials-dir=/etc/haptic/credentials", controller["args"])
         self.assertEqual(find(docs, "ValidatingWebhookConfiguration"), [])
 
 

@@ -152,6 +152,7 @@ pub struct HaproxyPod {
     agent_port: u16,
     status_port: u16,
     certs: PathBuf,
+    insecure: bool,
 }
 
 impl HaproxyPod {
@@ -220,15 +221,10 @@ impl HaproxyPod {
                 &format!("{}:{}", self.ip, self.agent_port),
                 "--probe-listen",
                 &format!("{}:0", self.ip),
-                "--tls-cert",
-                self.certs.join("agent.crt").to_str().unwrap(),
-                "--tls-key",
-                self.certs.join("agent.key").to_str().unwrap(),
-                "--client-ca",
-                self.certs.join("ca.crt").to_str().unwrap(),
                 "--log-level",
                 "warn",
             ])
+            .args(self.transport_args())
             .env("POD_IP", &self.ip)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -239,6 +235,27 @@ impl HaproxyPod {
         wait_for("agent listening", Duration::from_secs(10), || {
             TcpStream::connect(&addr).is_ok()
         });
+    }
+
+    /// Mutual TLS, or plain HTTP with basic auth when the cluster uses insecure agents.
+    fn transport_args(&self) -> Vec<String> {
+        let path = |f: &str| self.certs.join(f).display().to_string();
+        if self.insecure {
+            vec![
+                "--insecure-http-with-basic-auth".into(),
+                "--credentials".into(),
+                path("credentials"),
+            ]
+        } else {
+            vec![
+                "--tls-cert".into(),
+                path("agent.crt"),
+                "--tls-key".into(),
+                path("agent.key"),
+                "--client-ca".into(),
+                path("ca.crt"),
+            ]
+        }
     }
 
     pub fn stop_agent(&mut self) {
@@ -330,6 +347,8 @@ pub struct Cluster {
     pub controllers: Vec<Controller>,
     /// Webhook certificate directory and the port controller replicas serve it on.
     pub webhook: Option<(PathBuf, u16)>,
+    /// Agents run `--insecure-http-with-basic-auth`; controllers use `--agent-credentials-dir`.
+    pub insecure_agents: bool,
 }
 
 pub fn pods_resource() -> ResourceRef {
@@ -377,6 +396,10 @@ impl Cluster {
         ] {
             std::fs::copy(certs.join(from), client_dir.join(to)).unwrap();
         }
+        let credentials = certs.join("credentials");
+        std::fs::create_dir_all(&credentials).unwrap();
+        std::fs::write(credentials.join("username"), "haptic\n").unwrap();
+        std::fs::write(credentials.join("password"), "s3cret-for-tests\n").unwrap();
         let agent_port = free_port("127.0.0.1");
         let http_port = free_port("127.0.0.1");
         let status_port = free_port("127.0.0.1");
@@ -391,6 +414,7 @@ impl Cluster {
             pods: Vec::new(),
             controllers: Vec::new(),
             webhook: None,
+            insecure_agents: false,
         }
     }
 
@@ -472,6 +496,7 @@ impl Cluster {
             agent_port: self.agent_port,
             status_port: self.status_port,
             certs: self.certs.clone(),
+            insecure: self.insecure_agents,
         };
         pod.start_haproxy();
         pod.start_agent();
@@ -565,6 +590,14 @@ impl Cluster {
                 "--haproxy-bin",
                 "haproxy",
             ])
+            .args(if self.insecure_agents {
+                vec![
+                    "--agent-credentials-dir".to_string(),
+                    self.certs.join("credentials").display().to_string(),
+                ]
+            } else {
+                vec![]
+            })
             .env("LOG_LEVEL", "info")
             .stdout(Stdio::null())
             .stderr(log)
