@@ -100,6 +100,33 @@ fn metric_value(text: &str, series: &str) -> f64 {
 #[test]
 fn ingress_routes_and_deletion_stops_routing() {
     let (c, _web) = routed_cluster(false);
+    // The leader writes what templates declare (Ingress status) and publishes the config.
+    wait_for("Ingress status.loadBalancer", DEADLINE, || {
+        let (_, out) = c.kubectl(
+            &[
+                "get",
+                "ingress",
+                "web",
+                "-o",
+                "jsonpath={.status.loadBalancer.ingress[0].ip}",
+            ],
+            None,
+        );
+        out.trim() == "192.0.2.10"
+    });
+    wait_for("HAProxyCfg published", DEADLINE, || {
+        let (ok, out) = c.kubectl(
+            &[
+                "get",
+                "haproxycfg",
+                "haptic-e2e-haproxycfg",
+                "-o",
+                "jsonpath={.spec.content}",
+            ],
+            None,
+        );
+        ok && out.contains("frontend") && out.contains("backend")
+    });
     let (ok, out) = c.kubectl(&["delete", "ingress", "web"], None);
     assert!(ok, "{out}");
     c.wait_route("web.example.com", "/", 404, "", DEADLINE);
@@ -168,6 +195,18 @@ fn endpoint_scaling_is_runtime_and_template_changes_apply_live() {
         message.contains("frontend-filters-900-e2e") && message.contains("line 2"),
         "{message}"
     );
+    wait_for("a Warning event on the config", DEADLINE, || {
+        let (_, out) = c.kubectl(
+            &[
+                "get",
+                "events",
+                "-o",
+                "jsonpath={range .items[*]}{.type} {.reason} {.involvedObject.name}{\"\\n\"}{end}",
+            ],
+            None,
+        );
+        out.lines().any(|l| l == "Warning RenderFailed haptic-e2e")
+    });
     assert!(
         metric_value(
             &metrics(&c, leader),

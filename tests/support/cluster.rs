@@ -428,7 +428,7 @@ impl Cluster {
                 "podSelector: {{matchLabels: {{app: haproxy-e2e}}}}\n\
                  controller:\n  leaderElection: {{leaseDuration: 3s, renewDeadline: 2s, retryPeriod: 300ms}}\n  reconciliation: {{debounceInterval: 50ms}}\n\
                  dataplane: {{port: {}, minDeploymentInterval: 500ms, driftPreventionInterval: 2s, deploymentTimeout: 20s}}\n\
-                 templatingSettings:\n  extraContext: {{http_port: {}, status_port: {}, bind_address: '\"${{POD_IP}}\"', server_slots: 4, server_checks: false}}\n\
+                 templatingSettings:\n  extraContext: {{http_port: {}, status_port: {}, bind_address: '\"${{POD_IP}}\"', server_slots: 4, server_checks: false, status_addresses: ['192.0.2.10']}}\n\
                  validationTests: null\n{extra_yaml}",
                 self.agent_port, self.http_port, self.status_port
             ),
