@@ -20,6 +20,7 @@ pub mod base64;
 pub mod classify;
 pub mod haproxy_cfg;
 pub mod protocol;
+pub mod reload;
 
 // The agent itself (used by the `haptic-agent` binary; public for its integration tests).
 pub mod apply;

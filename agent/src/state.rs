@@ -164,7 +164,8 @@ pub fn now_rfc3339() -> String {
     rfc3339(secs)
 }
 
-fn rfc3339(secs: u64) -> String {
+/// Seconds since the epoch as RFC 3339 UTC (shared with the controller).
+pub fn rfc3339(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     // Howard Hinnant's civil_from_days.

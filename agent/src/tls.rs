@@ -7,8 +7,9 @@
 //! logs why, so a bad rotation cannot take the agent off the air.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
+use std::sync::Arc;
+
+use crate::reload::Reloading;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -23,63 +24,36 @@ pub struct TlsFiles {
     pub client_ca: PathBuf,
 }
 
-type Fingerprint = Vec<(SystemTime, u64, u64)>;
-
 /// A rustls server configuration that follows its files.
 pub struct ReloadingTls {
     files: TlsFiles,
-    current: Mutex<(Fingerprint, Arc<ServerConfig>)>,
-}
-
-fn fingerprint(files: &TlsFiles) -> Fingerprint {
-    use std::os::unix::fs::MetadataExt;
-    [&files.cert, &files.key, &files.client_ca]
-        .iter()
-        .map(|p| match std::fs::metadata(p) {
-            Ok(m) => (
-                m.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                m.len(),
-                m.ino(),
-            ),
-            Err(_) => (SystemTime::UNIX_EPOCH, 0, 0),
-        })
-        .collect()
+    current: Reloading<Arc<ServerConfig>>,
 }
 
 impl ReloadingTls {
     /// Loads the files; fails if they do not make a working configuration.
     pub fn new(files: TlsFiles) -> Result<ReloadingTls, String> {
-        let print = fingerprint(&files);
-        let config = build(&files)?;
-        Ok(ReloadingTls {
-            files,
-            current: Mutex::new((print, config)),
-        })
+        let paths = vec![
+            files.cert.clone(),
+            files.key.clone(),
+            files.client_ca.clone(),
+        ];
+        let current = Reloading::new(paths);
+        current.get(|_| build(&files))?;
+        Ok(ReloadingTls { files, current })
     }
 
     /// The configuration for a new connection, reloaded first if a file changed.
     pub fn config(&self) -> Arc<ServerConfig> {
-        let print = fingerprint(&self.files);
-        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
-        if current.0 != print {
-            match build(&self.files) {
-                Ok(config) => {
-                    log::info!(
-                        "reloaded TLS certificate cert={}",
-                        self.files.cert.display()
-                    );
-                    *current = (print, config);
-                }
-                Err(e) => {
-                    log::error!(
-                        "TLS files changed but cannot be loaded, keeping the previous ones: {e}"
-                    );
-                    // Remember the broken state so the error is logged once per change.
-                    current.0 = print;
-                }
-            }
-        }
-        current.1.clone()
+        let files = &self.files;
+        // The first build succeeded in `new`, so there is always a value to fall back to.
+        self.current
+            .get(|_| {
+                let config = build(files)?;
+                log::info!("reloaded TLS certificate cert={}", files.cert.display());
+                Ok(config)
+            })
+            .expect("ReloadingTls::new built a configuration")
     }
 }
 

@@ -5,8 +5,10 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::sync::Arc;
+use std::time::Duration;
+
+use haptic_agent::reload::Reloading;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -20,8 +22,6 @@ pub struct AgentTls {
     pub dir: PathBuf,
     pub server_name: String,
 }
-
-type Fingerprint = Vec<(SystemTime, u64)>;
 
 /// Builds and caches the rustls client configuration from `tls.crt`, `tls.key`, `ca.crt`.
 /// How the controller reaches agents.
@@ -38,7 +38,8 @@ pub struct AgentClient {
     transport: Transport,
     port: u16,
     timeout: Duration,
-    cached: Mutex<Option<(Fingerprint, Arc<ClientConfig>)>>,
+    /// The TLS client configuration, rebuilt when the mounted files change.
+    cached: Reloading<Arc<ClientConfig>>,
 }
 
 /// An agent's answer.
@@ -61,51 +62,24 @@ impl Reply {
 impl AgentClient {
     pub fn new(transport: Transport, port: u16, timeout: Duration) -> AgentClient {
         AgentClient {
-            transport,
             port,
             timeout,
-            cached: Mutex::new(None),
+            cached: Reloading::new(match &transport {
+                Transport::Tls(tls) => ["tls.crt", "tls.key", "ca.crt"]
+                    .map(|f| tls.dir.join(f))
+                    .to_vec(),
+                Transport::BasicAuth { .. } => Vec::new(),
+            }),
+            transport,
         }
-    }
-
-    fn files(tls: &AgentTls) -> [PathBuf; 3] {
-        ["tls.crt", "tls.key", "ca.crt"].map(|f| tls.dir.join(f))
     }
 
     fn config(&self, tls: &AgentTls) -> Result<Arc<ClientConfig>, String> {
-        let print: Fingerprint = Self::files(tls)
-            .iter()
-            .map(|p| {
-                std::fs::metadata(p)
-                    .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
-                    .unwrap_or((SystemTime::UNIX_EPOCH, 0))
-            })
-            .collect();
-        let mut cached = self.cached.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((old, config)) = cached.as_ref() {
-            if *old == print {
-                return Ok(config.clone());
-            }
-        }
-        let config = match Self::build(tls) {
-            Ok(c) => Arc::new(c),
-            // A half-written rotation must not break deployments: keep the previous config.
-            Err(e) => {
-                match cached.as_ref() {
-                    Some((_, config)) => {
-                        log::warn!("agent client certificates in {} unusable, keeping the previous ones: {e}", tls.dir.display());
-                        return Ok(config.clone());
-                    }
-                    None => return Err(e),
-                }
-            }
-        };
-        *cached = Some((print, config.clone()));
-        Ok(config)
+        self.cached.get(|_| Self::build(tls).map(Arc::new))
     }
 
     fn build(tls: &AgentTls) -> Result<ClientConfig, String> {
-        let [cert, key, ca] = Self::files(tls);
+        let [cert, key, ca] = ["tls.crt", "tls.key", "ca.crt"].map(|f| tls.dir.join(f));
         let read = |p: &PathBuf| std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()));
         let mut roots = RootCertStore::empty();
         for c in CertificateDer::pem_slice_iter(&read(&ca)?) {

@@ -7,7 +7,7 @@ pub mod pods;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use haptic_agent::protocol::{Bundle, BundleHash};
@@ -82,7 +82,7 @@ pub struct Deployer {
 }
 
 fn now_rfc3339() -> String {
-    crate::kube::lease::rfc3339(SystemTime::now())
+    haptic_agent::state::now_rfc3339()
 }
 
 /// What `GET /v1/state` told about a pod.

@@ -77,32 +77,21 @@ pub fn lease_resource() -> ResourceRef {
 
 /// RFC 3339 in seconds (`Time`), in UTC.
 pub fn rfc3339(t: SystemTime) -> String {
-    let micro = micro_time(t);
-    format!("{}Z", &micro[..19])
+    haptic_agent::state::rfc3339(
+        t.duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs(),
+    )
 }
 
 /// RFC 3339 with microseconds (`MicroTime`), in UTC.
 pub fn micro_time(t: SystemTime) -> String {
-    let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        d.subsec_micros()
-    )
+    let seconds = rfc3339(t);
+    let micros = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .subsec_micros();
+    format!("{}.{micros:06}Z", seconds.trim_end_matches('Z'))
 }
 
 /// What was last seen of the Lease, and when (local clock).

@@ -5,10 +5,12 @@
 
 use std::io::BufReader;
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
+
+use haptic_agent::reload::Reloading;
 
 use haptic_agent::http::{self, Limits, Response};
 use rustls::pki_types::pem::PemObject;
@@ -22,44 +24,14 @@ use crate::render::RenderInputs;
 use crate::store::{object_key, ObjectFilter};
 use crate::validate::haproxy::check_bundle;
 
-type Fingerprint = Vec<(SystemTime, u64)>;
-
+/// The webhook's serving certificate, re-read when its files change.
 struct Tls {
-    dir: PathBuf,
-    current: Mutex<Option<(Fingerprint, Arc<ServerConfig>)>>,
+    current: Reloading<Arc<ServerConfig>>,
 }
 
 impl Tls {
     fn config(&self) -> Result<Arc<ServerConfig>, String> {
-        let files = [self.dir.join("tls.crt"), self.dir.join("tls.key")];
-        let print: Fingerprint = files
-            .iter()
-            .map(|p| {
-                std::fs::metadata(p)
-                    .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
-                    .unwrap_or((SystemTime::UNIX_EPOCH, 0))
-            })
-            .collect();
-        let mut current = lock(&self.current);
-        if let Some((old, config)) = current.as_ref() {
-            if *old == print {
-                return Ok(config.clone());
-            }
-        }
-        match build(&files[0], &files[1]) {
-            Ok(config) => {
-                *current = Some((print, config.clone()));
-                Ok(config)
-            }
-            // A half-written rotation keeps the previous certificate.
-            Err(e) => match current.as_ref() {
-                Some((_, config)) => {
-                    log::warn!("webhook certificate unusable, keeping the previous one: {e}");
-                    Ok(config.clone())
-                }
-                None => Err(e),
-            },
-        }
+        self.current.get(|paths| build(&paths[0], &paths[1]))
     }
 }
 
@@ -95,8 +67,7 @@ pub fn start(
     stop: Arc<AtomicBool>,
 ) -> Result<(), String> {
     let tls = Arc::new(Tls {
-        dir: cert_dir.to_path_buf(),
-        current: Mutex::new(None),
+        current: Reloading::new(vec![cert_dir.join("tls.crt"), cert_dir.join("tls.key")]),
     });
     if let Err(e) = tls.config() {
         log::warn!("webhook certificate not available yet ({e}); the webhook answers once it is");
