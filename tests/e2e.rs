@@ -478,3 +478,34 @@ fn legacy_plain_http_transport_with_basic_auth() {
         "the agent requires the credentials"
     );
 }
+
+#[test]
+fn pods_running_another_haproxy_version_are_refused_with_an_event() {
+    require("haproxy");
+    let mut c = Cluster::start(&[]);
+    // The controller validates with what claims to be HAProxy 3.2; the pods run Debian's 2.6.
+    let fake = c.dir.0.join("haproxy-3.2");
+    std::fs::write(&fake, "#!/bin/sh\nif [ \"$1\" = -v ]; then echo 'HAProxy version 3.2.4-1 2025/08/14'; exit 0; fi\nexec haproxy \"$@\"\n").unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&fake)
+        .status()
+        .unwrap();
+    c.controller_haproxy = fake.display().to_string();
+    c.apply_config(&c.config_object(""));
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    wait_for("a Warning event on the pod", DEADLINE, || {
+        let (_, out) = c.kubectl(&["get", "events", "-o", "jsonpath={range .items[*]}{.reason} {.involvedObject.kind}/{.involvedObject.name}: {.message}{\"\\n\"}{end}"], None);
+        out.lines()
+            .any(|l| l.starts_with("HAProxyVersionMismatch Pod/haproxy-0: runs HAProxy 2.6"))
+    });
+    let ctrl = &c.controllers[0];
+    let (_, pods) = ctrl.get(ctrl.health_port, "/debug/pods").unwrap();
+    assert!(
+        pods.contains("refusing to deploy") && pods.contains("\"admitted\": false"),
+        "{pods}"
+    );
+    let bootstrap = support::cluster::http_get(&c.pods[0].ip, c.status_port, "x", "/").map(|r| r.0);
+    assert_eq!(bootstrap, Some(503), "the pod keeps its bootstrap config");
+}

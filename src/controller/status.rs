@@ -126,6 +126,7 @@ struct Written {
     /// Per object: the status the templates asked for, and what was written (with times).
     templates: BTreeMap<(String, String, String, String), (Value, Value)>,
     last_error_event: Option<String>,
+    refused_pods: std::collections::BTreeSet<String>,
     haproxycfg_unavailable: bool,
 }
 
@@ -301,6 +302,7 @@ impl StatusWriter {
                 }
             }
         }
+        self.pod_events(written);
         let now = rfc3339(SystemTime::now());
         for (key, status) in &desired.templates {
             let previous = written.templates.get(key);
@@ -373,11 +375,39 @@ impl StatusWriter {
             _ => return,
         };
         written.last_error_event = failure.map(|c| c.message.clone());
+        let involved = json!({"apiVersion": crate::config::model::API_VERSION, "kind": crate::config::model::KIND, "name": self.config_name, "namespace": self.namespace});
+        self.emit(involved, event_type, &reason, &message);
+    }
+
+    /// One Warning event on the Pod when the controller refuses to deploy to it (another
+    /// HAProxy major.minor than the one it validates with).
+    fn pod_events(&self, written: &mut Written) {
+        let pods = lock(&self.shared.pods).clone();
+        for pod in pods {
+            let key = format!("{}/{}", pod.namespace, pod.name);
+            match pod
+                .last_error
+                .as_deref()
+                .filter(|e| !pod.admitted && e.contains("refusing to deploy"))
+            {
+                Some(error) if written.refused_pods.insert(key.clone()) => {
+                    let involved = json!({"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace});
+                    self.emit(involved, "Warning", "HAProxyVersionMismatch", error);
+                }
+                Some(_) => {}
+                None => {
+                    written.refused_pods.remove(&key);
+                }
+            }
+        }
+    }
+
+    fn emit(&self, involved: Value, event_type: &str, reason: &str, message: &str) {
         let now = rfc3339(SystemTime::now());
         let event = json!({
             "apiVersion": "v1", "kind": "Event",
             "metadata": {"generateName": format!("{}.", self.config_name), "namespace": self.namespace},
-            "involvedObject": {"apiVersion": crate::config::model::API_VERSION, "kind": crate::config::model::KIND, "name": self.config_name, "namespace": self.namespace},
+            "involvedObject": involved,
             "type": event_type, "reason": reason, "message": message.chars().take(1000).collect::<String>(),
             "source": {"component": "haptic"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         });

@@ -349,6 +349,8 @@ pub struct Cluster {
     pub webhook: Option<(PathBuf, u16)>,
     /// Agents run `--insecure-http-with-basic-auth`; controllers use `--agent-credentials-dir`.
     pub insecure_agents: bool,
+    /// The HAProxy binary controllers validate with.
+    pub controller_haproxy: String,
 }
 
 pub fn pods_resource() -> ResourceRef {
@@ -415,6 +417,7 @@ impl Cluster {
             controllers: Vec::new(),
             webhook: None,
             insecure_agents: false,
+            controller_haproxy: "haproxy".into(),
         }
     }
 
@@ -588,7 +591,7 @@ impl Cluster {
                 "--agent-client-cert-dir",
                 self.certs.join("controller").to_str().unwrap(),
                 "--haproxy-bin",
-                "haproxy",
+                &self.controller_haproxy,
             ])
             .args(if self.insecure_agents {
                 vec![
