@@ -1,7 +1,8 @@
 //! The embedded validation tests of a config: fixtures → render → assertions.
 //!
 //! Each test gets fresh stores built from the `_global` fixtures merged with its own, the
-//! config's `extraContext` overridden by the test's, and the test's `currentConfig`. Unlike
+//! config's `extraContext` overridden by `_global`'s and then by the test's, and the test's
+//! `currentConfig`. Unlike
 //! upstream, an unknown target is a config error and a missing file fails the assertion (never
 //! a silent fallback to haproxy.cfg), and results are sorted by test name.
 
@@ -209,7 +210,12 @@ fn run_test(
     } else {
         merged_fixtures(test, global)
     };
+    // The config's extraContext, then `_global`'s (so tests can pin values an installation
+    // overrides, such as ports), then the test's own.
     let mut extra = engine.extra_context().clone();
+    if name != GLOBAL_TEST {
+        extra.extend(global.map(|g| g.extra_context.clone()).unwrap_or_default());
+    }
     extra.extend(test.extra_context.clone());
     let mut result = TestResult {
         test_name: name.to_string(),
