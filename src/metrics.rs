@@ -93,7 +93,7 @@ impl Registry {
         buckets: &'static [f64],
         f: impl FnOnce(&mut Family) -> R,
     ) -> R {
-        let mut families = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let mut families = crate::lock(&self.families);
         let family = families.entry(name).or_insert_with(|| Family {
             help,
             kind,
@@ -168,13 +168,13 @@ impl Registry {
 
     /// The value of a counter or gauge sample (tests and health checks).
     pub fn value(&self, name: &str, pairs: &[(&str, &str)]) -> Option<f64> {
-        let families = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let families = crate::lock(&self.families);
         families.get(name)?.values.get(&labels(pairs)).copied()
     }
 
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let families = self.families.lock().unwrap_or_else(|p| p.into_inner());
+        let families = crate::lock(&self.families);
         for (name, family) in families.iter() {
             let kind = match family.kind {
                 Kind::Counter => "counter",

@@ -3,6 +3,8 @@
 //! on free 127.0.0.1 ports, and sends requests with curl to echo backends that report what
 //! they received. `libraries_validate` runs the libraries' own embedded validation tests.
 
+mod support;
+
 #[path = "libraries/harness.rs"]
 mod harness;
 

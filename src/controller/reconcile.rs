@@ -135,24 +135,26 @@ impl Reconciler {
         if !s.pending {
             return;
         }
-        let (stores, barrier) = {
-            let w = lock(&self.watchers);
-            (w.snapshot(), w.barrier())
-        };
-        if !barrier.is_synced() {
-            self.shared.set_phase(format!(
-                "waiting for the initial list of: {}",
-                barrier.pending().join(", ")
-            ));
+        // Debounce first: snapshots are taken only for a render that happens now.
+        if s.last_render
+            .is_some_and(|last| last.elapsed() < config.spec.debounce_interval())
+        {
             return;
         }
-        if !self.shared.synced.swap(true, Ordering::SeqCst) {
-            log::info!("all watched resources synced");
-        }
-        if let Some(last) = s.last_render {
-            if last.elapsed() < config.spec.debounce_interval() {
+        let stores = {
+            let w = lock(&self.watchers);
+            let barrier = w.barrier();
+            if !barrier.is_synced() {
+                self.shared.set_phase(format!(
+                    "waiting for the initial list of: {}",
+                    barrier.pending().join(", ")
+                ));
                 return;
             }
+            w.snapshot()
+        };
+        if !self.shared.synced.swap(true, Ordering::SeqCst) {
+            log::info!("all watched resources synced");
         }
         s.pending = false;
         s.last_render = Some(Instant::now());

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
@@ -13,9 +13,7 @@ use crate::kube::lease::Leadership;
 use crate::metrics::Registry;
 use crate::render::Engine;
 
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub use crate::lock;
 
 /// The config the controller runs with.
 pub struct ActiveConfig {

@@ -282,7 +282,7 @@ impl Deployer {
         let Some(epoch) = self.leadership.epoch() else {
             return idle;
         };
-        let config = self.config.lock().unwrap_or_else(|p| p.into_inner());
+        let config = crate::lock(&self.config);
         let (min_interval, drift_interval, required) = (
             config.min_deployment_interval,
             config.drift_prevention_interval,
@@ -508,7 +508,7 @@ impl Deployer {
             s.applied_bundle = p.applied.clone();
             s
         });
-        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = list.collect();
+        *crate::lock(&self.status) = list.collect();
     }
 }
 

@@ -171,7 +171,7 @@ impl TokenSource {
             meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
             meta.len(),
         );
-        let mut cached = self.cached.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cached = crate::lock(&self.cached);
         if let Some((modified, len, token)) = cached.as_ref() {
             if (*modified, *len) == stamp {
                 return Ok(token.clone());

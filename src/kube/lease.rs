@@ -62,12 +62,12 @@ impl Leadership {
 
     /// The epoch while leading.
     pub fn epoch(&self) -> Option<u64> {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let state = crate::lock(&self.state);
         state.and_then(|(until, epoch)| (Instant::now() < until).then_some(epoch))
     }
 
     fn set(&self, value: Option<(Instant, u64)>) {
-        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = value;
+        *crate::lock(&self.state) = value;
     }
 }
 

@@ -3,7 +3,9 @@
 //! auxiliary template of that render.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
+
+use crate::lock;
 
 use haptic_agent::protocol::FileKind;
 use minijinja::value::{from_args, Object, ObjectRepr, Value};
@@ -11,12 +13,6 @@ use minijinja::{Error, ErrorKind, State};
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidOperation, msg.into())
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding one of these locks aborts the process (panic = "abort"), so a
-    // poisoned lock cannot be observed in production; recover the data in tests.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Where auxiliary files live, relative to haproxy.cfg (templates emit `default-path config`).

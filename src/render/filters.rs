@@ -31,7 +31,7 @@ fn invalid(msg: impl Into<String>) -> Error {
 /// Compiled regexes, shared by every render: templates call the same few patterns in loops.
 fn regex(pattern: &str) -> Result<regex::Regex, Error> {
     static CACHE: Mutex<Option<HashMap<String, regex::Regex>>> = Mutex::new(None);
-    let mut guard = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut guard = crate::lock(&CACHE);
     let cache = guard.get_or_insert_with(HashMap::new);
     if let Some(re) = cache.get(pattern) {
         return Ok(re.clone());

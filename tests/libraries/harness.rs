@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,48 +24,11 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A private directory removed on drop.
-pub struct TempDir(pub PathBuf);
+pub use crate::support::TempDir;
 
-impl TempDir {
-    pub fn new(name: &str) -> TempDir {
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "haptic-libs-{name}-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create temp dir");
-        TempDir(dir)
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A port on 127.0.0.1 that nothing listens on now. HAProxy binds with SO_REUSEPORT, so a
-/// stray HAProxy from another run could share a port; connecting first rules that out.
+/// A port on 127.0.0.1 that nothing listens on now (shared with the end-to-end harness).
 pub fn free_port() -> u16 {
-    for _ in 0..50 {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("bind an ephemeral port")
-            .port();
-        if TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(50))
-            .is_err()
-        {
-            return port;
-        }
-    }
-    panic!("no free port found on 127.0.0.1");
+    crate::support::cluster::free_port("127.0.0.1")
 }
 
 /// An HTTP server answering every request with what it received: its own name, the method,
@@ -500,26 +463,7 @@ impl Pki {
     }
 }
 
-pub fn base64(data: &[u8]) -> String {
-    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(TABLE[((n >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
+pub use haptic_agent::base64::encode as base64;
 
 /// Renders `manifests` and starts HAProxy on the result. Keeps the directories alive.
 pub struct Scenario {

@@ -28,6 +28,10 @@ pub fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bo
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+
     pub fn new(name: &str) -> TempDir {
         use std::sync::atomic::AtomicU64;
         static N: AtomicU64 = AtomicU64::new(0);
