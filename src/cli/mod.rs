@@ -58,7 +58,11 @@ pub(crate) fn haproxy_bin(flag: Option<String>) -> String {
 }
 
 pub fn main(args: Vec<String>) -> ExitCode {
-    crate::logger::init(log::LevelFilter::Warn);
+    let level = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|l| crate::logger::parse_level(&l))
+        .unwrap_or(log::LevelFilter::Warn);
+    crate::logger::init(level);
     let Some(command) = args.first() else {
         eprintln!("{TOP_USAGE}");
         return ExitCode::from(2);

@@ -142,6 +142,9 @@ pub fn run(args: &[String]) -> CommandResult {
             bundle.haproxy_cfg.len()
         );
     }
+    for dropped in &rendered.dropped {
+        eprintln!("warning: {dropped}");
+    }
     for status in &rendered.statuses {
         println!(
             "status {} {} {}/{}: {}",

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use crate::lock;
 
+use super::units;
+
 use haptic_agent::protocol::FileKind;
 use minijinja::value::{from_args, Object, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
@@ -173,6 +175,28 @@ impl FileRegistry {
     /// Registering the same file twice with the same content is fine; with different content
     /// it is an error (two templates disagree about one file).
     pub fn register(&self, kind: FileKind, name: &str, content: String) -> Result<String, String> {
+        let (path, added) = self.register_file(kind, name, content.clone())?;
+        if added.is_some() {
+            units::note_effect(
+                units::Effect::File(kind, name.to_string(), content),
+                units::Undo::File(path.clone()),
+            );
+        }
+        Ok(path)
+    }
+
+    pub(super) fn remove(&self, path: &str) {
+        lock(&self.files).remove(path);
+    }
+
+    /// Registers a file; returns its path and, when it was not registered before, the path
+    /// again (what undoing the registration removes).
+    pub(super) fn register_file(
+        &self,
+        kind: FileKind,
+        name: &str,
+        content: String,
+    ) -> Result<(String, Option<String>), String> {
         let path = self.paths.get(name, kind)?;
         if name.is_empty() {
             return Err("files.register needs a file name".into());
@@ -189,7 +213,7 @@ impl FileRegistry {
                     }
                 ));
             }
-            return Ok(path);
+            return Ok((path, None));
         }
         files.insert(
             path.clone(),
@@ -199,7 +223,7 @@ impl FileRegistry {
                 content,
             },
         );
-        Ok(path)
+        Ok((path.clone(), Some(path)))
     }
 
     pub fn take(&self) -> Vec<RegisteredFile> {
@@ -239,7 +263,8 @@ impl Object for FileRegistry {
     }
 }
 
-/// `shared`: a per-render map every template of the render can read and write.
+/// `shared`: a per-render map every template of the render can read and write. Writes and
+/// reads inside render units are recorded (see `units`).
 #[derive(Debug, Default)]
 pub struct Shared {
     values: Mutex<BTreeMap<String, Value>>,
@@ -249,7 +274,73 @@ pub struct Shared {
 impl Shared {
     /// `first_seen`: true the first time a key is seen in this render.
     pub fn first_seen(&self, key: String) -> bool {
-        lock(&self.seen).insert(key)
+        let fresh = !self.has_seen(&key);
+        units::note_seen(&key, fresh);
+        if fresh {
+            self.mark_seen(&key);
+            units::note_effect(units::Effect::Seen(key.clone()), units::Undo::Seen(key));
+        }
+        fresh
+    }
+
+    pub(super) fn has_seen(&self, key: &str) -> bool {
+        lock(&self.seen).contains(key)
+    }
+
+    pub(super) fn mark_seen(&self, key: &str) {
+        lock(&self.seen).insert(key.to_string());
+    }
+
+    pub(super) fn unmark_seen(&self, key: &str) {
+        lock(&self.seen).remove(key);
+    }
+
+    /// The value under `key`, without recording a read.
+    pub(super) fn peek(&self, key: &str) -> Option<Value> {
+        lock(&self.values).get(key).cloned()
+    }
+
+    pub(super) fn set_value(&self, key: &str, value: Value) -> Option<Value> {
+        lock(&self.values).insert(key.to_string(), value)
+    }
+
+    pub(super) fn remove(&self, key: &str) {
+        lock(&self.values).remove(key);
+    }
+
+    /// Appends to the list under `key` (a collector, created when missing; an existing plain
+    /// list becomes one).
+    pub(super) fn append_value(&self, key: &str, item: Value) {
+        let collector = {
+            let mut values = lock(&self.values);
+            let existing = values.get(key).cloned();
+            match existing
+                .as_ref()
+                .and_then(|v| v.downcast_object::<Collector>())
+            {
+                Some(c) => c,
+                None => {
+                    let items: Vec<Value> = existing
+                        .filter(|v| !v.is_undefined() && !v.is_none())
+                        .and_then(|v| v.try_iter().ok().map(|i| i.collect()))
+                        .unwrap_or_default();
+                    let c = Arc::new(Collector::shared(key, items));
+                    values.insert(key.to_string(), Value::from_dyn_object(c.clone()));
+                    c
+                }
+            }
+        };
+        collector.push(item);
+    }
+
+    pub(super) fn pop(&self, key: &str) {
+        let existing = lock(&self.values).get(key).cloned();
+        if let Some(c) = existing
+            .as_ref()
+            .and_then(|v| v.downcast_object_ref::<Collector>())
+        {
+            c.pop();
+        }
     }
 }
 
@@ -267,24 +358,128 @@ impl Object for Shared {
         match method {
             "get" => {
                 let (key, default): (&str, Option<Value>) = from_args(args)?;
-                Ok(lock(&self.values)
-                    .get(key)
-                    .cloned()
-                    .or(default)
-                    .unwrap_or(Value::from(())))
+                let found = self.peek(key);
+                units::note_shared_read(key, found.as_ref());
+                Ok(found.or(default).unwrap_or(Value::from(())))
             }
             "set" => {
                 let (key, value): (&str, Value) = from_args(args)?;
-                lock(&self.values).insert(key.to_string(), value);
+                let old = self.set_value(key, value.clone());
+                units::note_effect(
+                    units::Effect::SharedSet(key.to_string(), value),
+                    units::Undo::SharedSet(key.to_string(), old),
+                );
+                Ok(Value::from(""))
+            }
+            "append" => {
+                let (key, item): (&str, Value) = from_args(args)?;
+                self.append_value(key, item.clone());
+                units::note_effect(
+                    units::Effect::SharedAppend(key.to_string(), item),
+                    units::Undo::SharedAppend(key.to_string()),
+                );
+                Ok(Value::from(""))
+            }
+            "extend" => {
+                let (key, items): (&str, Value) = from_args(args)?;
+                for item in items.try_iter()? {
+                    self.append_value(key, item.clone());
+                    units::note_effect(
+                        units::Effect::SharedAppend(key.to_string(), item),
+                        units::Undo::SharedAppend(key.to_string()),
+                    );
+                }
                 Ok(Value::from(""))
             }
             "has" => {
                 let (key,): (&str,) = from_args(args)?;
-                Ok(Value::from(lock(&self.values).contains_key(key)))
+                let found = self.peek(key);
+                units::note_shared_read(key, found.as_ref());
+                Ok(Value::from(found.is_some()))
             }
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,
-                format!("shared has no method {method:?} (get, set, has)"),
+                format!("shared has no method {method:?} (get, set, append, extend, has)"),
+            )),
+        }
+    }
+}
+
+/// `collector()`: a list that grows in place. `{% do c.append(x) %}` costs O(1), where
+/// `{% set x = x + [item] %}` in a loop copies the list every time (quadratic). Iterates,
+/// indexes and measures like a list. `shared.append(key, x)` keeps one under a shared key.
+#[derive(Debug, Default)]
+pub struct Collector {
+    items: Mutex<Vec<Value>>,
+    /// Set when the collector lives in `shared`: appends to it are effects units record.
+    shared_key: Option<String>,
+}
+
+impl Collector {
+    pub fn shared(key: &str, items: Vec<Value>) -> Collector {
+        Collector {
+            items: Mutex::new(items),
+            shared_key: Some(key.to_string()),
+        }
+    }
+
+    pub fn snapshot(&self) -> Vec<Value> {
+        lock(&self.items).clone()
+    }
+
+    fn push(&self, item: Value) {
+        lock(&self.items).push(item);
+    }
+
+    fn pop(&self) {
+        lock(&self.items).pop();
+    }
+}
+
+impl Object for Collector {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let items = lock(&self.items);
+        let i = key.as_i64()?;
+        let i = if i < 0 { items.len() as i64 + i } else { i };
+        items.get(usize::try_from(i).ok()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> minijinja::value::Enumerator {
+        minijinja::value::Enumerator::Values(self.snapshot())
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(lock(&self.items).len())
+    }
+
+    fn call_method(
+        self: &Arc<Self>,
+        _state: &mut State<'_, '_>,
+        method: &str,
+        args: &[Value],
+    ) -> Result<Value, Error> {
+        match method {
+            "append" => {
+                let (item,): (Value,) = from_args(args)?;
+                units::note_collector_append(self.shared_key.as_deref(), &item);
+                self.push(item);
+                Ok(Value::from(""))
+            }
+            "extend" => {
+                let (items,): (Value,) = from_args(args)?;
+                for item in items.try_iter()? {
+                    units::note_collector_append(self.shared_key.as_deref(), &item);
+                    self.push(item);
+                }
+                Ok(Value::from(""))
+            }
+            _ => Err(Error::new(
+                ErrorKind::UnknownMethod,
+                format!("collector has no method {method:?} (append, extend)"),
             )),
         }
     }
@@ -300,10 +495,13 @@ pub struct StatusUpdate {
     pub status: serde_json::Value,
 }
 
+/// (apiVersion, kind, namespace, name)
+pub type StatusKey = (String, String, String, String);
+
 /// `status`: collects desired statuses; the last `set` for an object wins.
 #[derive(Debug, Default)]
 pub struct StatusCollector {
-    updates: Mutex<BTreeMap<(String, String, String, String), serde_json::Value>>,
+    updates: Mutex<BTreeMap<StatusKey, serde_json::Value>>,
 }
 
 impl StatusCollector {
@@ -320,6 +518,26 @@ impl StatusCollector {
                 },
             )
             .collect()
+    }
+
+    pub(super) fn set_status(
+        &self,
+        key: StatusKey,
+        status: serde_json::Value,
+    ) -> Option<serde_json::Value> {
+        lock(&self.updates).insert(key, status)
+    }
+
+    pub(super) fn restore(&self, key: StatusKey, old: Option<serde_json::Value>) {
+        let mut updates = lock(&self.updates);
+        match old {
+            Some(v) => {
+                updates.insert(key, v);
+            }
+            None => {
+                updates.remove(&key);
+            }
+        }
     }
 }
 
@@ -346,14 +564,16 @@ impl Object for StatusCollector {
                 if !status.is_object() {
                     return Err(invalid("status.set: status must be a mapping"));
                 }
-                lock(&self.updates).insert(
-                    (
-                        api_version.into(),
-                        kind.into(),
-                        namespace.into(),
-                        name.into(),
-                    ),
-                    status,
+                let key: StatusKey = (
+                    api_version.into(),
+                    kind.into(),
+                    namespace.into(),
+                    name.into(),
+                );
+                let old = self.set_status(key.clone(), status.clone());
+                units::note_effect(
+                    units::Effect::Status(key.clone(), status),
+                    units::Undo::Status(key, old),
                 );
                 Ok(Value::from(""))
             }

@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 
 use haptic_agent::haproxy_cfg::{Config, ServerLine, SocketAddress};
-use minijinja::value::Value;
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Object, Value};
 use serde::Serialize;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -23,9 +25,9 @@ pub struct Backend {
 }
 
 /// Parsed once per deployed config and shared by every render until it changes.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct CurrentConfig {
-    value: Value,
+    backends: Arc<BTreeMap<String, Backend>>,
 }
 
 impl CurrentConfig {
@@ -62,21 +64,71 @@ impl CurrentConfig {
             );
         }
         CurrentConfig {
-            value: Value::from(minijinja::value::Serde(BTreeMap::from([(
-                "backends", backends,
-            )]))),
+            backends: Arc::new(backends),
         }
     }
 
+    pub fn backend(&self, name: &str) -> Option<&Backend> {
+        self.backends.get(name)
+    }
+
+    /// `current_config` as templates see it: `current_config.backends[name]`. Lookups by name
+    /// are recorded by render units, so a unit depends only on its own backends.
     pub fn value(&self) -> Value {
-        self.value.clone()
+        Value::from_object(View {
+            backends: Value::from_object(BackendsView {
+                backends: self.backends.clone(),
+            }),
+        })
     }
 
     pub fn empty_value() -> Value {
-        Value::from(minijinja::value::Serde(BTreeMap::from([(
-            "backends",
-            BTreeMap::<String, Backend>::new(),
-        )])))
+        CurrentConfig::default().value()
+    }
+}
+
+#[derive(Debug)]
+struct View {
+    backends: Value,
+}
+
+impl Object for View {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        match key.as_str()? {
+            "backends" => Some(self.backends.clone()),
+            _ => None,
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Str(&["backends"])
+    }
+}
+
+#[derive(Debug)]
+struct BackendsView {
+    backends: Arc<BTreeMap<String, Backend>>,
+}
+
+impl Object for BackendsView {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let name = key.as_str()?;
+        let found = self.backends.get(name);
+        super::units::note_current_read(name, found);
+        found.map(|b| Value::from(minijinja::value::Serde(b)))
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(
+            self.backends
+                .keys()
+                .map(|k| Value::from(k.as_str()))
+                .collect(),
+        )
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.backends.len())
     }
 }
 

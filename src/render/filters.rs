@@ -296,6 +296,10 @@ pub fn register(env: &mut Environment<'static>, snippet_names: Arc<[String]>) {
     env.add_filter("debug", debug);
     env.add_function("debug", debug);
     env.add_function("first_seen", first_seen);
+    env.add_function("unit", super::units::unit);
+    env.add_function("collector", || {
+        Value::from_object(super::context::Collector::default())
+    });
     env.add_function("snippets", move |pattern: &str| -> Value {
         // Names are kept sorted, so matches come out in the order hooks rely on.
         Value::from(

@@ -10,8 +10,10 @@ pub mod current_config;
 pub mod filters;
 pub mod glob;
 pub mod objects;
+pub mod safe;
+pub mod units;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
@@ -25,6 +27,7 @@ use crate::store::Store;
 use context::{FileRegistry, Paths, Shared, StatusCollector, StatusUpdate};
 use current_config::CurrentConfig;
 use objects::Resources;
+pub use units::{Dropped, Owner, RenderCache, UnitKey, UnitSpan};
 
 /// Evaluation budget of one template render: stops runaway loops and recursion. Rendering
 /// 10,000 Ingresses through the shipped libraries uses a small fraction of it.
@@ -58,7 +61,7 @@ impl fmt::Display for RenderError {
 impl std::error::Error for RenderError {}
 
 impl RenderError {
-    fn from_minijinja(entry: &str, err: &minijinja::Error, fuel: u64) -> RenderError {
+    pub(crate) fn from_minijinja(entry: &str, err: &minijinja::Error, fuel: u64) -> RenderError {
         // Errors inside includes and macros arrive wrapped ("could not render include"); the
         // innermost template error says where the problem really is.
         let chain = std::iter::successors(Some(err as &(dyn std::error::Error + 'static)), |e| {
@@ -167,6 +170,10 @@ pub struct Rendered {
     pub haproxy_cfg: String,
     pub files: Vec<RenderedFile>,
     pub statuses: Vec<StatusUpdate>,
+    /// Where each render unit's output landed, in render order.
+    pub units: Vec<UnitSpan>,
+    /// Units left out of this configuration, and why.
+    pub dropped: Vec<Dropped>,
 }
 
 impl Rendered {
@@ -186,6 +193,8 @@ impl Rendered {
 
 /// The compiled templates of one config.
 pub struct Engine {
+    /// Tells render caches which engine their entries belong to.
+    id: u64,
     env: Environment<'static>,
     outputs: Vec<Output>,
     paths: Paths,
@@ -280,7 +289,9 @@ impl Engine {
             env.add_template_owned(name.clone(), source)
                 .map_err(|e| RenderError::from_minijinja(&name, &e, fuel))?;
         }
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
         Ok(Engine {
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             env,
             outputs,
             paths: Paths::from_spec(spec),
@@ -298,47 +309,81 @@ impl Engine {
         &self.extra_context
     }
 
-    /// Renders haproxy.cfg and every auxiliary template.
+    /// Renders haproxy.cfg and every auxiliary template from scratch.
     pub fn render(&self, inputs: &RenderInputs) -> Result<Rendered, RenderError> {
+        self.render_cached(inputs, &mut RenderCache::new())
+    }
+
+    /// Renders, replaying every render unit whose inputs are unchanged since the renders that
+    /// filled `cache`. The result is byte-for-byte the full render's.
+    pub fn render_cached(
+        &self,
+        inputs: &RenderInputs,
+        cache: &mut RenderCache,
+    ) -> Result<Rendered, RenderError> {
         let paths = match &inputs.base_dir {
             Some(base) => self.paths.clone().with_base(base.clone()),
             None => self.paths.clone(),
         };
-        let registry = Arc::new(FileRegistry::new(paths.clone()));
-        let status = Arc::new(StatusCollector::default());
-        let ctx = self.context(inputs, paths.clone(), registry.clone(), status.clone());
-
-        let mut haproxy_cfg = String::new();
-        let mut files = Vec::new();
-        for output in &self.outputs {
-            let template = self
-                .env
-                .get_template(&output.name)
-                .map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
-            let text = template
-                .render(&ctx)
-                .map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
-            let text = post_process(&text, &output.post);
-            match output.kind {
-                None => haproxy_cfg = text,
-                Some(kind) => {
-                    let path = paths
-                        .get(&output.name, kind)
-                        .map_err(|message| RenderError {
-                            template: output.name.clone(),
-                            line: None,
-                            message,
-                            from_fail: false,
-                        })?;
-                    files.push(RenderedFile {
-                        kind,
-                        name: output.name.clone(),
-                        path,
-                        content: text,
-                    });
-                }
+        // A unit that fails drops its owner; when the owner's other units had already
+        // produced output, render again without the owner (replays make that cheap). Each
+        // pass adds owners, so this ends; the bound guards against a pathological template.
+        let mut failed: HashMap<Owner, String> = HashMap::new();
+        let mut passes = 0;
+        let (registry, status, outputs, instances, dropped) = loop {
+            passes += 1;
+            let registry = Arc::new(FileRegistry::new(paths.clone()));
+            let status = Arc::new(StatusCollector::default());
+            let shared = Arc::new(Shared::default());
+            cache.prepare(self.id, &inputs.extra_context, &inputs.base_dir);
+            let ctx = self.context(
+                inputs,
+                paths.clone(),
+                registry.clone(),
+                status.clone(),
+                shared.clone(),
+            );
+            units::enter(units::Scope::new(
+                ctx.clone(),
+                shared,
+                status.clone(),
+                registry.clone(),
+                inputs,
+                std::mem::take(cache),
+                failed.clone(),
+            ));
+            let outputs = self.render_outputs(&ctx, &paths);
+            let Some(scope) = units::leave() else {
+                return Err(RenderError {
+                    template: MAIN_TEMPLATE.into(),
+                    line: None,
+                    message: "render scope lost".into(),
+                    from_fail: false,
+                });
+            };
+            *cache = scope.cache;
+            if outputs.is_ok() && !scope.newly_failed.is_empty() && passes < 16 {
+                failed.extend(scope.newly_failed);
+                continue;
             }
-        }
+            break (registry, status, outputs, scope.instances, scope.dropped);
+        };
+        let (haproxy_cfg, mut files, spans) = outputs?;
+        cache.sweep();
+        let units = spans
+            .into_iter()
+            .filter_map(|(output, id, first, last)| {
+                let i = instances.get(id)?;
+                Some(UnitSpan {
+                    unit: i.unit.clone(),
+                    owner: i.owner.clone(),
+                    output,
+                    first,
+                    last,
+                    fresh: i.fresh,
+                })
+            })
+            .collect();
         for registered in registry.take() {
             if let Some(clash) = files.iter().find(|f| f.path == registered.path) {
                 return Err(RenderError {
@@ -369,7 +414,71 @@ impl Engine {
             haproxy_cfg,
             files,
             statuses: status.take(),
+            units,
+            dropped,
         })
+    }
+
+    /// Renders every output template in order; returns haproxy.cfg, the files, and the unit
+    /// spans `(output, instance, first line, last line)`.
+    #[allow(clippy::type_complexity)]
+    fn render_outputs(
+        &self,
+        ctx: &Value,
+        paths: &Paths,
+    ) -> Result<
+        (
+            String,
+            Vec<RenderedFile>,
+            Vec<(String, usize, usize, usize)>,
+        ),
+        RenderError,
+    > {
+        let mut haproxy_cfg = String::new();
+        let mut files = Vec::new();
+        let mut spans = Vec::new();
+        for output in &self.outputs {
+            let template = self
+                .env
+                .get_template(&output.name)
+                .map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
+            let started = std::time::Instant::now();
+            let text = template
+                .render(ctx)
+                .map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
+            log::debug!(
+                "rendered template={} ms={:.1}",
+                output.name,
+                started.elapsed().as_secs_f64() * 1000.0
+            );
+            let (text, unit_spans) = units::strip_markers(&text);
+            spans.extend(
+                unit_spans
+                    .into_iter()
+                    .map(|(id, first, last)| (output.name.clone(), id, first, last)),
+            );
+            let text = post_process(&text, &output.post);
+            match output.kind {
+                None => haproxy_cfg = text,
+                Some(kind) => {
+                    let path = paths
+                        .get(&output.name, kind)
+                        .map_err(|message| RenderError {
+                            template: output.name.clone(),
+                            line: None,
+                            message,
+                            from_fail: false,
+                        })?;
+                    files.push(RenderedFile {
+                        kind,
+                        name: output.name.clone(),
+                        path,
+                        content: text,
+                    });
+                }
+            }
+        }
+        Ok((haproxy_cfg, files, spans))
     }
 
     fn context(
@@ -378,6 +487,7 @@ impl Engine {
         paths: Paths,
         registry: Arc<FileRegistry>,
         status: Arc<StatusCollector>,
+        shared: Arc<Shared>,
     ) -> Value {
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
         // extraContext keys come first so the built-in names below always win over them.
@@ -407,7 +517,7 @@ impl Engine {
         );
         ctx.insert("paths".into(), Value::from_object(paths));
         ctx.insert("files".into(), Value::from_dyn_object(registry));
-        ctx.insert("shared".into(), Value::from_object(Shared::default()));
+        ctx.insert("shared".into(), Value::from_dyn_object(shared));
         ctx.insert("status".into(), Value::from_dyn_object(status));
         let current = inputs
             .current_config

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
 
+use super::units::StoreMethod;
 use crate::store::Store;
 
 #[derive(Debug, Clone)]
@@ -28,6 +29,21 @@ pub struct JsonNode {
 impl JsonNode {
     pub fn value(root: Arc<serde_json::Value>) -> Value {
         json_to_value(&root.clone(), &root, Vec::new())
+    }
+
+    /// The same stored version of the same object, at the same path.
+    pub(crate) fn same_node(&self, other: &JsonNode) -> bool {
+        Arc::ptr_eq(&self.root, &other.root)
+            && self.path.len() == other.path.len()
+            && self
+                .path
+                .iter()
+                .zip(&other.path)
+                .all(|(a, b)| match (a, b) {
+                    (Step::Key(x), Step::Key(y)) => x == y,
+                    (Step::Index(x), Step::Index(y)) => x == y,
+                    _ => false,
+                })
     }
 
     fn node(&self) -> &serde_json::Value {
@@ -187,11 +203,16 @@ impl Object for StoreView {
                         "list() takes no arguments; use fetch(keys…)",
                     ));
                 }
+                if super::units::recording() {
+                    let all: Vec<_> = self.store.list().cloned().collect();
+                    super::units::note_store_read(&self.name, StoreMethod::List, &[], &all);
+                }
                 Ok(Self::to_values(self.store.list()))
             }
             "fetch" => {
                 let keys = keys_from_args(args)?;
                 let found = self.store.fetch(&keys).map_err(store_error)?;
+                super::units::note_store_read(&self.name, StoreMethod::Fetch, &keys, &found);
                 Ok(Self::to_values(found.iter()))
             }
             "get" => {
@@ -202,12 +223,14 @@ impl Object for StoreView {
                         format!("resources.{}.get() needs at least one key", self.name),
                     ));
                 }
-                Ok(self
-                    .store
-                    .get_one(&keys)
-                    .map_err(store_error)?
-                    .map(JsonNode::value)
-                    .unwrap_or(Value::from(())))
+                let found = self.store.get_one(&keys).map_err(store_error)?;
+                super::units::note_store_read(
+                    &self.name,
+                    StoreMethod::Get,
+                    &keys,
+                    found.as_slice(),
+                );
+                Ok(found.map(JsonNode::value).unwrap_or(Value::from(())))
             }
             _ => Err(Error::new(
                 ErrorKind::UnknownMethod,

@@ -29,6 +29,8 @@ pub enum Target {
     HaproxyCfg,
     File(FileKind, String),
     RenderingError,
+    /// The objects left out of the configuration, one `Kind ns/name: reason` line each.
+    Dropped,
 }
 
 impl Target {
@@ -36,11 +38,12 @@ impl Target {
         match text {
             "" | "haproxy.cfg" => return Ok(Target::HaproxyCfg),
             "rendering_error" => return Ok(Target::RenderingError),
+            "dropped" => return Ok(Target::Dropped),
             _ => {}
         }
         let (kind, name) = text
             .split_once(':')
-            .ok_or_else(|| format!("unknown target {text:?} (haproxy.cfg, map:NAME, file:NAME, cert:NAME, crt-list:NAME, rendering_error)"))?;
+            .ok_or_else(|| format!("unknown target {text:?} (haproxy.cfg, map:NAME, file:NAME, cert:NAME, crt-list:NAME, rendering_error, dropped)"))?;
         let kind = match kind {
             "map" => FileKind::Map,
             "file" => FileKind::General,
@@ -292,6 +295,15 @@ impl AssertionContext<'_> {
                 "rendering failed: {}",
                 self.render_error.unwrap_or_default()
             )),
+            Target::Dropped => Ok(self
+                .rendered
+                .map(|r| {
+                    r.dropped
+                        .iter()
+                        .map(|d| format!("{}: {}\n", d.owner, d.message))
+                        .collect::<String>()
+                })
+                .unwrap_or_default()),
             Target::HaproxyCfg => Ok(self
                 .rendered
                 .map(|r| r.haproxy_cfg.clone())

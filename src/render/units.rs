@@ -1,0 +1,1011 @@
+//! Render units: memoized, fault-isolated pieces of a render (DESIGN §4).
+//!
+//! A template calls `unit("template-name", owner=obj, key=…, var=…)` to render one object's
+//! share of the configuration (one Ingress, one backend, one route). The engine then:
+//!
+//! - **records** what the unit read (store lookups, `shared` keys written by others,
+//!   `first_seen` answers, `current_config` backends) and what it did (its output text,
+//!   `shared` writes and appends, `first_seen` marks, `status.set`, `files.register`);
+//! - **replays** the recording in later renders while the unit's arguments and every recorded
+//!   read are unchanged, so a change costs in proportion to the units it touches;
+//! - **isolates faults**: a unit that fails (`fail()`, a refused tenant value, an unsafe
+//!   value printed raw) is dropped — its effects undone, its output empty — and the failure is
+//!   reported against its owner object, so one tenant's bad value never stops the others;
+//! - **marks its output** with private-use delimiters, so that after rendering the engine knows
+//!   which lines of which file each unit wrote (used to map `haproxy -c` errors back to units).
+//!
+//! Correctness is defined by the full render: replaying is byte-for-byte equal to rendering
+//! from scratch (checked by the differential test in `tests.rs`).
+//!
+//! The recorder is thread-local: a render runs on one thread, and nested units stack.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use haptic_agent::protocol::FileKind;
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{Error, ErrorKind, State};
+
+use super::context::{Collector, FileRegistry, Shared, StatusCollector};
+use super::current_config::Backend;
+use super::objects::JsonNode;
+use crate::store::Store;
+
+/// Starts a unit's output; followed by the unit's instance number and [`MARK_ID_END`].
+pub const MARK_START: char = '\u{E000}';
+pub const MARK_ID_END: char = '\u{E001}';
+/// Ends a unit's output.
+pub const MARK_END: char = '\u{E002}';
+
+/// Identifies a unit across renders: its template and its key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UnitKey {
+    pub template: String,
+    pub key: String,
+}
+
+impl fmt::Display for UnitKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.template, self.key)
+    }
+}
+
+/// The object a unit renders for: errors and drops are reported against it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = if self.kind.is_empty() {
+            "object"
+        } else {
+            &self.kind
+        };
+        if self.namespace.is_empty() {
+            write!(f, "{kind} {}", self.name)
+        } else {
+            write!(f, "{kind} {}/{}", self.namespace, self.name)
+        }
+    }
+}
+
+impl Owner {
+    fn from_value(v: &Value) -> Option<Owner> {
+        if let Some(s) = v.as_str() {
+            return Some(Owner {
+                name: s.to_string(),
+                ..Owner::default()
+            });
+        }
+        let text = |v: Value| v.as_str().map(str::to_string).unwrap_or_default();
+        let meta = v.get_attr("metadata").ok()?;
+        let name = text(meta.get_attr("name").ok()?);
+        if name.is_empty() {
+            return None;
+        }
+        Some(Owner {
+            api_version: text(v.get_attr("apiVersion").unwrap_or_default()),
+            kind: text(v.get_attr("kind").unwrap_or_default()),
+            namespace: text(meta.get_attr("namespace").unwrap_or_default()),
+            name,
+        })
+    }
+}
+
+/// An object left out of the configuration, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    pub owner: Owner,
+    /// The first failure: a `fail()` or refusal message verbatim, a template error with its
+    /// line, or why `haproxy -c` rejected the object's lines.
+    pub message: String,
+}
+
+impl fmt::Display for Dropped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: left out of the configuration: {}",
+            self.owner, self.message
+        )
+    }
+}
+
+/// Where one unit's output landed: lines `first..=last` (1-based) of an output file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnitSpan {
+    pub unit: UnitKey,
+    pub owner: Owner,
+    /// The output template (`haproxy.cfg`, a map, …).
+    pub output: String,
+    pub first: usize,
+    pub last: usize,
+    /// Rendered from scratch in this render (not replayed), so not proven by an earlier check.
+    pub fresh: bool,
+}
+
+// ---------------------------------------------------------------------------------------
+// Recording
+
+/// A read whose answer a unit's output depends on.
+#[derive(Debug, Clone)]
+enum Read {
+    Store {
+        store: String,
+        method: StoreMethod,
+        keys: Vec<String>,
+        result: Vec<Arc<serde_json::Value>>,
+    },
+    Shared {
+        key: String,
+        value: Option<Value>,
+    },
+    Seen {
+        key: String,
+        fresh: bool,
+    },
+    Current {
+        backend: String,
+        value: Option<Backend>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreMethod {
+    List,
+    Fetch,
+    Get,
+}
+
+/// A change a unit made to the render's state, replayable in order.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    SharedSet(String, Value),
+    SharedAppend(String, Value),
+    Seen(String),
+    Status(super::context::StatusKey, serde_json::Value),
+    File(FileKind, String, String),
+}
+
+/// How to take an effect back when its unit fails.
+#[derive(Debug)]
+pub enum Undo {
+    SharedSet(String, Option<Value>),
+    SharedAppend(String),
+    Seen(String),
+    Status(super::context::StatusKey, Option<serde_json::Value>),
+    File(String),
+    Nothing,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Recording {
+    reads: Vec<Read>,
+    effects: Vec<Effect>,
+    children: Vec<UnitKey>,
+}
+
+#[derive(Default)]
+struct Frame {
+    rec: Recording,
+    undo: Vec<Undo>,
+    /// Shared keys and first_seen keys this unit wrote: its later reads of them follow from
+    /// its own inputs and need no recording.
+    wrote: HashSet<String>,
+}
+
+/// One memoized unit.
+struct Entry {
+    args: Vec<(String, Value)>,
+    rec: Recording,
+    outcome: Result<String, String>,
+    generation: u64,
+    /// Part of a render whose configuration passed `haproxy -c`.
+    validated: bool,
+}
+
+/// Memoized units of one engine, kept by the caller between renders (the reconciler and the
+/// webhook each keep theirs). Entries unused by a render are dropped after it.
+#[derive(Default)]
+pub struct RenderCache {
+    engine_id: u64,
+    context: Option<serde_json::Map<String, serde_json::Value>>,
+    base_dir: Option<String>,
+    entries: HashMap<UnitKey, Entry>,
+    generation: u64,
+    /// Owners left out because `haproxy -c` rejected their lines, with the reason; they stay
+    /// out while their units would replay unchanged.
+    excluded: HashMap<Owner, String>,
+    pub stats: CacheStats,
+}
+
+impl fmt::Debug for RenderCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RenderCache")
+            .field("entries", &self.entries.len())
+            .field("excluded", &self.excluded.len())
+            .field("stats", &self.stats)
+            .finish()
+    }
+}
+
+/// Counters of the last render.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    pub replayed: usize,
+    pub rendered: usize,
+    pub dropped: usize,
+}
+
+impl RenderCache {
+    pub fn new() -> RenderCache {
+        RenderCache::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Forgets entries that belong to another engine or another extraContext.
+    pub(super) fn prepare(
+        &mut self,
+        engine_id: u64,
+        context: &serde_json::Map<String, serde_json::Value>,
+        base_dir: &Option<String>,
+    ) {
+        if self.engine_id != engine_id
+            || self.context.as_ref() != Some(context)
+            || &self.base_dir != base_dir
+        {
+            self.entries.clear();
+            self.excluded.clear();
+            self.engine_id = engine_id;
+            self.context = Some(context.clone());
+            self.base_dir = base_dir.clone();
+        }
+        self.generation += 1;
+        self.stats = CacheStats::default();
+    }
+
+    pub(super) fn sweep(&mut self) {
+        let generation = self.generation;
+        self.entries.retain(|_, e| e.generation == generation);
+    }
+
+    /// Marks every unit of the last render as proven by `haproxy -c`.
+    pub fn mark_validated(&mut self) {
+        let generation = self.generation;
+        for e in self.entries.values_mut() {
+            if e.generation == generation {
+                e.validated = true;
+            }
+        }
+    }
+
+    /// Leaves an owner's units out of later renders while they are unchanged.
+    pub fn exclude(&mut self, owner: &Owner, reason: String) {
+        self.excluded.insert(owner.clone(), reason);
+    }
+
+    pub fn excluded(&self) -> impl Iterator<Item = (&Owner, &str)> {
+        self.excluded.iter().map(|(k, r)| (k, r.as_str()))
+    }
+
+    pub fn clear_exclusions(&mut self) {
+        self.excluded.clear();
+    }
+}
+
+/// Everything the `unit` function needs during one render.
+pub(super) struct Scope {
+    pub root: Value,
+    pub shared: Arc<Shared>,
+    pub status: Arc<StatusCollector>,
+    pub files: Arc<FileRegistry>,
+    pub stores: std::collections::BTreeMap<String, Arc<Store>>,
+    pub current: Option<Arc<super::current_config::CurrentConfig>>,
+    pub cache: RenderCache,
+    pub instances: Vec<Instance>,
+    pub dropped: Vec<Dropped>,
+    /// Owners whose units failed in an earlier pass of this render: left out entirely.
+    pub failed: HashMap<Owner, String>,
+    /// Owners whose units failed in this pass.
+    pub newly_failed: HashMap<Owner, String>,
+    /// Owners already reported in `dropped` in this pass.
+    pub reported: HashSet<Owner>,
+}
+
+impl Scope {
+    pub fn new(
+        root: Value,
+        shared: Arc<Shared>,
+        status: Arc<StatusCollector>,
+        files: Arc<FileRegistry>,
+        inputs: &super::RenderInputs,
+        cache: RenderCache,
+        failed: HashMap<Owner, String>,
+    ) -> Scope {
+        Scope {
+            root,
+            shared,
+            status,
+            files,
+            stores: inputs.stores.clone(),
+            current: inputs.current_config.clone(),
+            cache,
+            instances: Vec::new(),
+            dropped: failed
+                .iter()
+                .map(|(owner, message)| Dropped {
+                    owner: owner.clone(),
+                    message: message.clone(),
+                })
+                .collect(),
+            reported: failed.keys().cloned().collect(),
+            failed,
+            newly_failed: HashMap::new(),
+        }
+    }
+}
+
+pub(super) struct Instance {
+    pub unit: UnitKey,
+    pub owner: Owner,
+    pub fresh: bool,
+}
+
+thread_local! {
+    static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
+    static FRAMES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Installs the render scope for the duration of a render on this thread.
+pub(super) fn enter(scope: Scope) {
+    SCOPE.with(|s| *s.borrow_mut() = Some(scope));
+    FRAMES.with(|f| f.borrow_mut().clear());
+}
+
+/// Ends the render; returns the scope (with the cache) to the caller.
+pub(super) fn leave() -> Option<Scope> {
+    FRAMES.with(|f| f.borrow_mut().clear());
+    SCOPE.with(|s| s.borrow_mut().take())
+}
+
+/// Whether reads are being recorded (inside a unit): callers skip costly bookkeeping otherwise.
+pub(super) fn recording() -> bool {
+    in_unit()
+}
+
+fn in_unit() -> bool {
+    FRAMES.with(|f| !f.borrow().is_empty())
+}
+
+fn record_read(read: Read) {
+    FRAMES.with(|f| {
+        if let Some(frame) = f.borrow_mut().last_mut() {
+            let own = match &read {
+                Read::Shared { key, .. } => frame.wrote.contains(&format!("s:{key}")),
+                Read::Seen { key, .. } => frame.wrote.contains(&format!("f:{key}")),
+                _ => false,
+            };
+            if !own {
+                frame.rec.reads.push(read);
+            }
+        }
+    });
+}
+
+/// Records an effect that has just been applied (no-op outside units).
+pub(super) fn note_effect(effect: Effect, undo: Undo) {
+    FRAMES.with(|f| {
+        if let Some(frame) = f.borrow_mut().last_mut() {
+            match &effect {
+                Effect::SharedSet(k, _) | Effect::SharedAppend(k, _) => {
+                    frame.wrote.insert(format!("s:{k}"));
+                }
+                Effect::Seen(k) => {
+                    frame.wrote.insert(format!("f:{k}"));
+                }
+                _ => {}
+            }
+            frame.rec.effects.push(effect);
+            frame.undo.push(undo);
+        }
+    });
+}
+
+pub(super) fn note_store_read(
+    store: &str,
+    method: StoreMethod,
+    keys: &[String],
+    result: &[Arc<serde_json::Value>],
+) {
+    if in_unit() {
+        record_read(Read::Store {
+            store: store.to_string(),
+            method,
+            keys: keys.to_vec(),
+            result: result.to_vec(),
+        });
+    }
+}
+
+pub(super) fn note_shared_read(key: &str, value: Option<&Value>) {
+    if in_unit() {
+        record_read(Read::Shared {
+            key: key.to_string(),
+            value: value.map(freeze),
+        });
+    }
+}
+
+pub(super) fn note_seen(key: &str, fresh: bool) {
+    if in_unit() {
+        record_read(Read::Seen {
+            key: key.to_string(),
+            fresh,
+        });
+    }
+}
+
+pub(super) fn note_current_read(backend: &str, value: Option<&Backend>) {
+    if in_unit() {
+        record_read(Read::Current {
+            backend: backend.to_string(),
+            value: value.cloned(),
+        });
+    }
+}
+
+/// A deep copy of mutable containers (collectors), so a recorded value cannot change later.
+fn freeze(v: &Value) -> Value {
+    if let Some(c) = v.downcast_object_ref::<Collector>() {
+        return Value::from(c.snapshot().iter().map(freeze).collect::<Vec<_>>());
+    }
+    match v.kind() {
+        ValueKind::Seq
+            if v.as_object().is_none() || v.downcast_object_ref::<JsonNode>().is_none() =>
+        {
+            match v.try_iter() {
+                Ok(items) => Value::from(items.map(|i| freeze(&i)).collect::<Vec<_>>()),
+                Err(_) => v.clone(),
+            }
+        }
+        ValueKind::Map if v.downcast_object_ref::<JsonNode>().is_none() => {
+            let Ok(keys) = v.try_iter() else {
+                return v.clone();
+            };
+            let mut map = std::collections::BTreeMap::new();
+            for k in keys {
+                let item = v.get_item(&k).unwrap_or_default();
+                map.insert(k, freeze(&item));
+            }
+            Value::from(map)
+        }
+        _ => v.clone(),
+    }
+}
+
+/// Equality that is cheap for shared objects: two views of stored objects are equal when they
+/// are the same stored version and path.
+fn same(a: &Value, b: &Value) -> bool {
+    if let (Some(x), Some(y)) = (
+        a.downcast_object_ref::<JsonNode>(),
+        b.downcast_object_ref::<JsonNode>(),
+    ) {
+        return x.same_node(y);
+    }
+    if a.kind() != b.kind() {
+        return false;
+    }
+    if let (Some(x), Some(y)) = (a.as_object(), b.as_object()) {
+        if std::ptr::eq(x as *const _ as *const u8, y as *const _ as *const u8) {
+            return true;
+        }
+    }
+    match a.kind() {
+        ValueKind::Seq => {
+            let (Ok(x), Ok(y)) = (a.try_iter(), b.try_iter()) else {
+                return false;
+            };
+            let (x, y): (Vec<Value>, Vec<Value>) = (x.collect(), y.collect());
+            x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| same(p, q))
+        }
+        ValueKind::Map => {
+            let (Ok(x), Ok(y)) = (a.try_iter(), b.try_iter()) else {
+                return false;
+            };
+            let (x, y): (Vec<Value>, Vec<Value>) = (x.collect(), y.collect());
+            x.len() == y.len()
+                && x.iter().zip(&y).all(|(p, q)| {
+                    p == q
+                        && same(
+                            &a.get_item(p).unwrap_or_default(),
+                            &b.get_item(q).unwrap_or_default(),
+                        )
+                })
+        }
+        _ => a == b && a.is_safe() == b.is_safe(),
+    }
+}
+
+fn same_opt(a: Option<&Value>, b: Option<&Value>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(x), Some(y)) => same(x, y),
+        _ => false,
+    }
+}
+
+fn same_args(a: &[(String, Value)], b: &[(String, Value)]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|((k1, v1), (k2, v2))| k1 == k2 && same(v1, v2))
+}
+
+/// Whether a recorded read gives the same answer now.
+fn still_true(scope: &Scope, read: &Read) -> bool {
+    match read {
+        Read::Store {
+            store,
+            method,
+            keys,
+            result,
+        } => {
+            let Some(s) = scope.stores.get(store) else {
+                return result.is_empty();
+            };
+            let now: Vec<Arc<serde_json::Value>> = match method {
+                StoreMethod::List => s.list().cloned().collect(),
+                StoreMethod::Fetch => match s.fetch(keys) {
+                    Ok(v) => v,
+                    Err(_) => return false,
+                },
+                StoreMethod::Get => match s.get_one(keys) {
+                    Ok(v) => v.into_iter().collect(),
+                    Err(_) => return false,
+                },
+            };
+            now.len() == result.len() && now.iter().zip(result).all(|(x, y)| Arc::ptr_eq(x, y))
+        }
+        Read::Shared { key, value } => {
+            let now = scope.shared.peek(key);
+            same_opt(now.map(|v| freeze(&v)).as_ref(), value.as_ref())
+        }
+        Read::Seen { key, fresh } => scope.shared.has_seen(key) != *fresh,
+        Read::Current { backend, value } => {
+            let now = scope.current.as_ref().and_then(|c| c.backend(backend));
+            now == value.as_ref()
+        }
+    }
+}
+
+/// Applies a recorded effect again (replay), recording it into an enclosing unit.
+fn replay(scope: &Scope, effect: &Effect) -> Result<(), String> {
+    let undo = match effect {
+        Effect::SharedSet(k, v) => Undo::SharedSet(k.clone(), scope.shared.set_value(k, v.clone())),
+        Effect::SharedAppend(k, v) => {
+            scope.shared.append_value(k, v.clone());
+            Undo::SharedAppend(k.clone())
+        }
+        Effect::Seen(k) => {
+            scope.shared.mark_seen(k);
+            Undo::Seen(k.clone())
+        }
+        Effect::Status(key, v) => {
+            Undo::Status(key.clone(), scope.status.set_status(key.clone(), v.clone()))
+        }
+        Effect::File(kind, name, content) => {
+            let (_, new_path) = scope.files.register_file(*kind, name, content.clone())?;
+            match new_path {
+                Some(p) => Undo::File(p),
+                None => Undo::Nothing,
+            }
+        }
+    };
+    note_effect(effect.clone(), undo);
+    Ok(())
+}
+
+fn undo(scope: &Scope, undo: Undo) {
+    match undo {
+        Undo::SharedSet(k, old) => match old {
+            Some(v) => {
+                scope.shared.set_value(&k, v);
+            }
+            None => scope.shared.remove(&k),
+        },
+        Undo::SharedAppend(k) => scope.shared.pop(&k),
+        Undo::Seen(k) => scope.shared.unmark_seen(&k),
+        Undo::Status(key, old) => scope.status.restore(key, old),
+        Undo::File(path) => scope.files.remove(&path),
+        Undo::Nothing => {}
+    }
+}
+
+fn with_scope<R>(f: impl FnOnce(&mut Scope) -> R) -> Option<R> {
+    SCOPE.with(|s| s.borrow_mut().as_mut().map(f))
+}
+
+fn marked(id: usize, text: &str) -> Value {
+    let mut out = String::with_capacity(text.len() + 12);
+    out.push(MARK_START);
+    out.push_str(&id.to_string());
+    out.push(MARK_ID_END);
+    out.push_str(text);
+    out.push(MARK_END);
+    Value::from_safe_string(out)
+}
+
+/// Whether an error inside a unit is the unit's own (tenant data or `fail()`), which drops the
+/// unit, rather than a template bug that must stop the render.
+fn is_unit_fault(err: &Error) -> bool {
+    let chain = std::iter::successors(Some(err as &(dyn std::error::Error + 'static)), |e| {
+        e.source()
+    });
+    for e in chain {
+        if e.is::<super::filters::FailMarker>()
+            || e.is::<super::safe::RefusalMarker>()
+            || e.is::<super::safe::UnsafeOutputMarker>()
+        {
+            return true;
+        }
+        if let Some(m) = e.downcast_ref::<Error>() {
+            if m.kind() == ErrorKind::OutOfFuel {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// `unit(template, owner=…, key=…, **vars)`: renders `template` with the globals plus `vars`
+/// as one unit of `owner` (an object, or a string naming it), memoized under `key` (default:
+/// the owner). A unit that fails drops every unit of its owner from the configuration (a
+/// half-configured object could fail open: routes kept, an access rule lost).
+pub(super) fn unit(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Error> {
+    let owner_value: Option<Value> = kwargs.get("owner")?;
+    let key: Option<String> = kwargs.get("key")?;
+    let mut args: Vec<(String, Value)> = Vec::new();
+    for name in kwargs.args() {
+        if name == "key" {
+            continue;
+        }
+        let v: Value = kwargs.get(name)?;
+        args.push((name.to_string(), freeze(&v)));
+    }
+    let owner = owner_value.as_ref().and_then(Owner::from_value);
+    let key = match (key, &owner) {
+        (Some(k), _) => k,
+        (None, Some(o)) => o.to_string(),
+        (None, None) => {
+            return Err(Error::new(
+                ErrorKind::MissingArgument,
+                format!("unit({template:?}) needs owner= (an object) or key="),
+            ))
+        }
+    };
+    let ukey = UnitKey {
+        template: template.to_string(),
+        key,
+    };
+    let owner = owner.unwrap_or_else(|| Owner {
+        name: ukey.to_string(),
+        ..Owner::default()
+    });
+
+    match with_scope(|s| skip_reason(s, &ukey, &owner, &args)).flatten() {
+        Some(Skip::Silent) => return Ok(Value::from_safe_string(String::new())),
+        Some(Skip::Report(message)) => {
+            with_scope(|s| s.drop_owner(&owner, message));
+            return Ok(Value::from_safe_string(String::new()));
+        }
+        None => {}
+    }
+
+    match with_scope(|s| try_replay(s, &ukey, &owner, &args)).flatten() {
+        Some(Ok(v)) => return Ok(v),
+        Some(Err(e)) => return Err(Error::new(ErrorKind::InvalidOperation, e)),
+        None => {}
+    }
+
+    // Render from scratch.
+    let Some(root) = with_scope(|s| s.root.clone()) else {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "unit() can only be used while rendering",
+        ));
+    };
+    let vars: std::collections::BTreeMap<String, Value> = args.iter().cloned().collect();
+    let ctx = minijinja::value::merge_maps([Value::from(vars), root]);
+    FRAMES.with(|f| f.borrow_mut().push(Frame::default()));
+    let result = state
+        .env()
+        .get_template(template)
+        .and_then(|t| t.render(ctx));
+    let Frame {
+        rec, undo: undos, ..
+    } = FRAMES.with(|f| f.borrow_mut().pop()).unwrap_or_default();
+    let outcome = match result {
+        Ok(text) => Ok(text),
+        Err(err) if is_unit_fault(&err) => {
+            let e = super::RenderError::from_minijinja(template, &err, 0);
+            Err(if e.from_fail || e.line.is_none() {
+                e.message
+            } else {
+                e.to_string()
+            })
+        }
+        Err(err) => {
+            // A template bug, not the owner's data: undo and stop the render (the caller keeps
+            // its last good configuration).
+            with_scope(|s| {
+                for u in undos.into_iter().rev() {
+                    undo(s, u);
+                }
+            });
+            return Err(err);
+        }
+    };
+    with_scope(|s| s.finish_fresh(ukey, owner, args, rec, undos, outcome))
+        .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "unit() outside a render"))
+}
+
+enum Skip {
+    /// Already reported in this render.
+    Silent,
+    Report(String),
+}
+
+/// Whether the unit's owner is left out: failed earlier in this render, or excluded after a
+/// failed `haproxy -c` and unchanged since.
+fn skip_reason(
+    s: &mut Scope,
+    ukey: &UnitKey,
+    owner: &Owner,
+    args: &[(String, Value)],
+) -> Option<Skip> {
+    if s.failed.contains_key(owner) {
+        s.touch(ukey);
+        return Some(Skip::Silent);
+    }
+    let reason = s.cache.excluded.get(owner).cloned()?;
+    if s.reported.contains(owner) {
+        s.touch(ukey);
+        return Some(Skip::Silent);
+    }
+    // Excluded while every unit of the owner would replay unchanged; any change retries it.
+    let unchanged =
+        s.cache.entries.get(ukey).is_some_and(|e| {
+            same_args(&e.args, args) && e.rec.reads.iter().all(|r| still_true(s, r))
+        });
+    if unchanged {
+        s.touch(ukey);
+        Some(Skip::Report(reason))
+    } else {
+        s.cache.excluded.remove(owner);
+        None
+    }
+}
+
+fn try_replay(
+    s: &mut Scope,
+    ukey: &UnitKey,
+    owner: &Owner,
+    args: &[(String, Value)],
+) -> Option<Result<Value, String>> {
+    let e = s.cache.entries.get(ukey)?;
+    if !same_args(&e.args, args) || !e.rec.reads.iter().all(|r| still_true(s, r)) {
+        return None;
+    }
+    let (rec, outcome) = (e.rec.clone(), e.outcome.clone());
+    s.touch(ukey);
+    for child in &rec.children {
+        s.touch(child);
+    }
+    FRAMES.with(|f| {
+        if let Some(parent) = f.borrow_mut().last_mut() {
+            parent.rec.reads.extend(rec.reads.iter().cloned());
+            parent.rec.children.push(ukey.clone());
+            parent.rec.children.extend(rec.children.iter().cloned());
+        }
+    });
+    match outcome {
+        Ok(text) => {
+            for effect in &rec.effects {
+                if let Err(e) = replay(s, effect) {
+                    return Some(Err(e));
+                }
+            }
+            s.cache.stats.replayed += 1;
+            let fresh = !s.cache.entries.get(ukey).is_some_and(|e| e.validated);
+            Some(Ok(s.instance(ukey, owner, fresh, &text)))
+        }
+        Err(message) => {
+            s.drop_owner(owner, message);
+            Some(Ok(Value::from_safe_string(String::new())))
+        }
+    }
+}
+
+impl Scope {
+    fn touch(&mut self, ukey: &UnitKey) {
+        let generation = self.cache.generation;
+        if let Some(e) = self.cache.entries.get_mut(ukey) {
+            e.generation = generation;
+        }
+    }
+
+    fn instance(&mut self, ukey: &UnitKey, owner: &Owner, fresh: bool, text: &str) -> Value {
+        let id = self.instances.len();
+        self.instances.push(Instance {
+            unit: ukey.clone(),
+            owner: owner.clone(),
+            fresh,
+        });
+        marked(id, text)
+    }
+
+    /// Reports the owner once per render and leaves its other units out (the engine renders
+    /// again without it when it had already produced output).
+    fn drop_owner(&mut self, owner: &Owner, message: String) {
+        self.cache.stats.dropped += 1;
+        if self.reported.insert(owner.clone()) {
+            self.dropped.push(Dropped {
+                owner: owner.clone(),
+                message: message.clone(),
+            });
+        }
+        self.newly_failed.entry(owner.clone()).or_insert(message);
+    }
+
+    fn finish_fresh(
+        &mut self,
+        ukey: UnitKey,
+        owner: Owner,
+        args: Vec<(String, Value)>,
+        rec: Recording,
+        undos: Vec<Undo>,
+        outcome: Result<String, String>,
+    ) -> Value {
+        let generation = self.cache.generation;
+        let value = match &outcome {
+            Ok(text) => {
+                self.cache.stats.rendered += 1;
+                FRAMES.with(|f| {
+                    if let Some(parent) = f.borrow_mut().last_mut() {
+                        parent.absorb(&rec, undos, &ukey);
+                    }
+                });
+                self.instance(&ukey, &owner, true, text)
+            }
+            Err(message) => {
+                for u in undos.into_iter().rev() {
+                    undo(self, u);
+                }
+                FRAMES.with(|f| {
+                    if let Some(parent) = f.borrow_mut().last_mut() {
+                        parent.rec.reads.extend(rec.reads.iter().cloned());
+                        parent.rec.children.push(ukey.clone());
+                    }
+                });
+                self.drop_owner(&owner, message.clone());
+                Value::from_safe_string(String::new())
+            }
+        };
+        let rec = match &outcome {
+            Ok(_) => rec,
+            // A failed unit replays only its failure; its reads still decide when to retry.
+            Err(_) => Recording {
+                reads: rec.reads,
+                effects: Vec::new(),
+                children: Vec::new(),
+            },
+        };
+        self.cache.entries.insert(
+            ukey,
+            Entry {
+                args,
+                rec,
+                outcome,
+                generation,
+                validated: false,
+            },
+        );
+        value
+    }
+}
+
+impl Frame {
+    /// Takes a finished child unit's reads (minus what this unit wrote itself), effects and
+    /// undo journal.
+    fn absorb(&mut self, rec: &Recording, undos: Vec<Undo>, child: &UnitKey) {
+        for r in &rec.reads {
+            let own = match r {
+                Read::Shared { key, .. } => self.wrote.contains(&format!("s:{key}")),
+                Read::Seen { key, .. } => self.wrote.contains(&format!("f:{key}")),
+                _ => false,
+            };
+            if !own {
+                self.rec.reads.push(r.clone());
+            }
+        }
+        for e in &rec.effects {
+            match e {
+                Effect::SharedSet(k, _) | Effect::SharedAppend(k, _) => {
+                    self.wrote.insert(format!("s:{k}"));
+                }
+                Effect::Seen(k) => {
+                    self.wrote.insert(format!("f:{k}"));
+                }
+                _ => {}
+            }
+        }
+        self.rec.effects.extend(rec.effects.iter().cloned());
+        self.undo.extend(undos);
+        self.rec.children.push(child.clone());
+        self.rec.children.extend(rec.children.iter().cloned());
+    }
+}
+
+/// Removes unit markers from a rendered output, returning the clean text and, per unit
+/// instance, the 1-based line range it covered.
+pub(super) fn strip_markers(text: &str) -> (String, Vec<(usize, usize, usize)>) {
+    if !text.contains(MARK_START) {
+        return (text.to_string(), Vec::new());
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut spans = Vec::new();
+    let mut open: Vec<(usize, usize)> = Vec::new();
+    let mut line = 1usize;
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            MARK_START => {
+                let mut id = String::new();
+                for d in chars.by_ref() {
+                    if d == MARK_ID_END {
+                        break;
+                    }
+                    id.push(d);
+                }
+                if let Ok(id) = id.parse::<usize>() {
+                    open.push((id, line));
+                }
+            }
+            MARK_END => {
+                if let Some((id, first)) = open.pop() {
+                    spans.push((id, first, line));
+                }
+            }
+            '\n' => {
+                line += 1;
+                out.push(c);
+            }
+            _ => out.push(c),
+        }
+    }
+    (out, spans)
+}
+
+/// A `collector()` or shared list that units append to; recorded appends need its shared key.
+pub(super) fn note_collector_append(shared_key: Option<&str>, item: &Value) {
+    if let Some(k) = shared_key {
+        note_effect(
+            Effect::SharedAppend(k.to_string(), item.clone()),
+            Undo::SharedAppend(k.to_string()),
+        );
+    }
+}
