@@ -242,7 +242,12 @@ impl Engine {
 
     pub fn with_fuel(spec: &Spec, fuel: u64) -> Result<Engine, RenderError> {
         let mut env = Environment::new();
-        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        // Every `{{ … }}` goes through the HAProxy-aware formatter (safe::formatter): a value
+        // that could change the structure of the configuration is refused unless it came
+        // through a typed filter. The custom auto-escape mode keeps macro output and
+        // `{% set %}` blocks safe strings, as HTML auto-escaping does.
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::Custom("haproxy".into()));
+        env.set_formatter(safe::formatter);
         env.set_undefined_behavior(UndefinedBehavior::Chainable);
         env.set_fuel(Some(fuel));
         let syntax = minijinja::syntax::SyntaxConfig::builder()
@@ -257,6 +262,7 @@ impl Engine {
         env.set_syntax(syntax);
         let snippet_names: Arc<[String]> = spec.template_snippets.keys().cloned().collect();
         filters::register(&mut env, snippet_names);
+        safe::register(&mut env);
 
         let mut sources: Vec<(String, String)> =
             vec![(MAIN_TEMPLATE.into(), spec.haproxy_config.template.clone())];

@@ -649,26 +649,33 @@ fn marked(id: usize, text: &str) -> Value {
     Value::from_safe_string(out)
 }
 
-/// Whether an error inside a unit is the unit's own (tenant data or `fail()`), which drops the
-/// unit, rather than a template bug that must stop the render.
+/// Whether an error inside a unit is the unit's own (its data: `fail()`, a refused value, a
+/// type error on a tenant value, an exhausted budget), which drops the unit's owner, rather than
+/// a bug in the template itself (a missing template, an unknown filter or function, wrong
+/// arguments), which stops the render so the last good configuration stays.
 fn is_unit_fault(err: &Error) -> bool {
     let chain = std::iter::successors(Some(err as &(dyn std::error::Error + 'static)), |e| {
         e.source()
     });
     for e in chain {
-        if e.is::<super::filters::FailMarker>()
-            || e.is::<super::safe::RefusalMarker>()
-            || e.is::<super::safe::UnsafeOutputMarker>()
-        {
-            return true;
-        }
         if let Some(m) = e.downcast_ref::<Error>() {
-            if m.kind() == ErrorKind::OutOfFuel {
-                return true;
+            if matches!(
+                m.kind(),
+                ErrorKind::SyntaxError
+                    | ErrorKind::TemplateNotFound
+                    | ErrorKind::UnknownFilter
+                    | ErrorKind::UnknownFunction
+                    | ErrorKind::UnknownTest
+                    | ErrorKind::UnknownMethod
+                    | ErrorKind::MissingArgument
+                    | ErrorKind::TooManyArguments
+                    | ErrorKind::BadInclude
+            ) {
+                return false;
             }
         }
     }
-    false
+    true
 }
 
 /// `unit(template, owner=…, key=…, **vars)`: renders `template` with the globals plus `vars`
