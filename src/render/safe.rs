@@ -639,6 +639,69 @@ fn one_of(value: Value, choices: Value, field: Option<&str>) -> Result<Value, Er
     })
 }
 
+/// `map_key(field?)`: a key of a map file line (`KEY VALUE`): no whitespace or control
+/// characters, ASCII only, not starting with `#` (a comment line), and short enough that
+/// HAProxy's line reader never splits it into a second, forged entry.
+fn map_key(value: Value, field: Option<&str>) -> Result<Value, Error> {
+    typed(field, || {
+        let s = text(&value)?;
+        let bad = offence(&s, |c| c.is_ascii_graphic(), false)
+            .or_else(|| s.starts_with('#').then(|| "a leading '#'".to_string()));
+        check(&s, PLAIN_MAX, "a map key without spaces", bad)
+    })
+}
+
+/// `pem(field?)`: PEM text from a Secret (certificates, keys, CA bundles), checked to contain
+/// only PEM blocks (`-----BEGIN …-----`, base64 lines, `-----END …-----`, blank lines), so the
+/// file HAProxy loads holds nothing else. Returns the blocks, each line ending in a newline.
+fn pem(value: Value, field: Option<&str>) -> Result<Value, Error> {
+    typed(field, || {
+        let s = text(&value)?;
+        if s.len() > 1 << 20 {
+            return Err(format!("is {} bytes; at most 1 MiB of PEM data is accepted", s.len()));
+        }
+        let mut out = String::with_capacity(s.len());
+        let mut inside: Option<&str> = None;
+        let mut blocks = 0;
+        for (n, raw) in s.lines().enumerate() {
+            let line = raw.trim_end_matches('\r').trim();
+            let bad = || format!("line {} is not PEM: {}", n + 1, q(line));
+            if let Some(label) = line
+                .strip_prefix("-----BEGIN ")
+                .and_then(|l| l.strip_suffix("-----"))
+            {
+                if inside.is_some() || !label.chars().all(|c| c.is_ascii_uppercase() || c == ' ') {
+                    return Err(bad());
+                }
+                inside = Some(label);
+            } else if let Some(label) = line
+                .strip_prefix("-----END ")
+                .and_then(|l| l.strip_suffix("-----"))
+            {
+                if inside != Some(label) {
+                    return Err(bad());
+                }
+                inside = None;
+                blocks += 1;
+            } else if line.is_empty() {
+                continue;
+            } else if inside.is_none()
+                || !line
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '='))
+            {
+                return Err(bad());
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+        if inside.is_some() || blocks == 0 {
+            return Err("holds no complete PEM block".into());
+        }
+        Ok(out)
+    })
+}
+
 /// `refuse(reason, field?)`: always a refusal.
 fn refuse(reason: &str, field: Option<&str>) -> Result<Value, Error> {
     Err(refusal(field, reason))
@@ -661,13 +724,39 @@ pub fn register(env: &mut Environment<'static>) {
         duration,
         int_range
     );
-    both!(cidr_list, word, one_of);
+    both!(cidr_list, word, one_of, map_key, pem);
     env.add_function("refuse", refuse);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn map_keys_and_pem() {
+        let f = |s: &str| map_key(Value::from(s), F);
+        assert_eq!(ok(f("a.test/api")), "a.test/api");
+        assert_eq!(ok(f("^a\\.test(?:/x|/y)")), "^a\\.test(?:/x|/y)");
+        for bad in ["a b", "a\tb", "a\nb", "#x", "é", ""] {
+            assert!(no(f(bad)).starts_with("annotation haproxy.org/x: "), "{bad:?}");
+        }
+        assert!(no(f(&"a".repeat(5000))).contains("longer than"));
+        let good = "-----BEGIN CERTIFICATE-----\r\nQUJD\nREVG==\n-----END CERTIFICATE-----\n\n-----BEGIN EC PRIVATE KEY-----\nQUJD\n-----END EC PRIVATE KEY-----\n";
+        assert_eq!(
+            ok(pem(Value::from(good), F)),
+            "-----BEGIN CERTIFICATE-----\nQUJD\nREVG==\n-----END CERTIFICATE-----\n-----BEGIN EC PRIVATE KEY-----\nQUJD\n-----END EC PRIVATE KEY-----\n"
+        );
+        for bad in [
+            "",
+            "QUJD",
+            "-----BEGIN CERTIFICATE-----\nQUJD\n",
+            "-----BEGIN CERTIFICATE-----\nQU JD\n-----END CERTIFICATE-----",
+            "-----BEGIN CERTIFICATE-----\nQUJD\n-----END CERTIFICATE-----\nglobal\n",
+            "-----BEGIN CERTIFICATE-----\nQUJD\n-----END KEY-----",
+        ] {
+            no(pem(Value::from(bad), F));
+        }
+    }
     use minijinja::{context, AutoEscape, UndefinedBehavior};
 
     const F: Option<&str> = Some("annotation haproxy.org/x");
