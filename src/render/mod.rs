@@ -73,7 +73,7 @@ impl RenderError {
             if let Some(inner) = e.downcast_ref::<minijinja::Error>() {
                 innermost = inner;
             }
-            from_fail |= e.is::<filters::FailMarker>();
+            from_fail |= e.is::<filters::FailMarker>() || e.is::<safe::RefusalMarker>();
         }
         let template = innermost.name().or(err.name()).unwrap_or(entry).to_string();
         let message = if from_fail {
