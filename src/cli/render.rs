@@ -7,9 +7,10 @@ use std::sync::Arc;
 use super::args::{opt, parse, switch, usage, Spec};
 use super::{haproxy_bin, CommandResult};
 use crate::render::current_config::CurrentConfig;
-use crate::render::{Engine, RenderInputs};
+use crate::render::{Engine, RenderCache, RenderInputs};
 use crate::validate::fixtures::{build_stores, load_fixture_inputs};
-use crate::validate::haproxy::{check_file, write_bundle};
+use crate::validate::haproxy::{check_bundle, write_bundle};
+use crate::validate::isolate::{render_validated, Failure};
 
 const OPTIONS: &[Spec] = &[
     opt(
@@ -123,11 +124,24 @@ pub fn run(args: &[String]) -> CommandResult {
         base_dir: Some(outdir.display().to_string()),
     };
     let render_started = std::time::Instant::now();
-    let rendered = engine
-        .render(&inputs)
-        .map_err(|e| format!("render failed: {e}"))?;
+    let validate = parsed.flag("validate");
+    let bin = haproxy_bin(parsed.last("haproxy-bin"));
+    // With --validate, objects whose configuration haproxy -c rejects are left out and named,
+    // as the controller does (validate::isolate).
+    let validated = render_validated(
+        &engine,
+        &inputs,
+        &mut RenderCache::new(),
+        &mut |_| validate,
+        &mut |b| check_bundle(&bin, b),
+    )
+    .map_err(|e| match e {
+        Failure::Render(e) => format!("render failed: {e}"),
+        Failure::Check(e) => e.to_string(),
+    })?;
     let render_time = render_started.elapsed();
-    let bundle = rendered.to_bundle();
+    let rendered = validated.rendered;
+    let bundle = validated.bundle;
     write_bundle(&bundle, &outdir).map_err(|e| format!("write {}: {e}", outdir.display()))?;
     println!(
         "wrote {} and {} auxiliary file(s)",
@@ -151,17 +165,11 @@ pub fn run(args: &[String]) -> CommandResult {
             status.api_version, status.kind, status.namespace, status.name, status.status
         );
     }
-    if parsed.flag("validate") {
-        let bin = haproxy_bin(parsed.last("haproxy-bin"));
-        match check_file(&bin, &outdir.join("haproxy.cfg")) {
-            Ok(warnings) => {
-                if !warnings.is_empty() {
-                    eprintln!("{warnings}");
-                }
-                println!("haproxy -c: configuration is valid");
-            }
-            Err(e) => return Err(format!("{e}").into()),
+    if let Some(warnings) = validated.warnings {
+        if !warnings.is_empty() {
+            eprintln!("{warnings}");
         }
+        println!("haproxy -c: configuration is valid");
     }
     println!("bundle {}", bundle.hash());
     Ok(())

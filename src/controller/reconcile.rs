@@ -18,8 +18,9 @@ use crate::deploy::{DeployMsg, Published};
 use crate::kube::reflector::ReflectorEvent;
 use crate::metrics::DURATION_BUCKETS;
 use crate::render::current_config::CurrentConfig;
-use crate::render::RenderInputs;
+use crate::render::{RenderCache, RenderInputs};
 use crate::validate::haproxy::check_bundle;
+use crate::validate::isolate::{render_validated, Failure};
 
 pub enum ControlMsg {
     Config(Arc<ActiveConfig>),
@@ -45,6 +46,8 @@ struct Loop {
     last_render: Option<Instant>,
     last_validated: Option<Bundle>,
     current_config: Option<Arc<CurrentConfig>>,
+    /// Memoized render units and the objects left out after failed checks (DESIGN §4).
+    cache: RenderCache,
 }
 
 impl Reconciler {
@@ -56,6 +59,7 @@ impl Reconciler {
             last_render: None,
             last_validated: None,
             current_config: None,
+            cache: RenderCache::new(),
         };
         loop {
             let timeout = self.next_timeout(&s);
@@ -193,35 +197,21 @@ impl Reconciler {
             current_config: s.current_config.clone(),
             base_dir: None,
         };
-        let rendered = config.engine.render(&inputs);
-        metrics.observe(
-            "haptic_render_duration_seconds",
-            "Time to render every template once.",
-            DURATION_BUCKETS,
-            &[],
-            started.elapsed().as_secs_f64(),
-        );
-        let rendered = match rendered {
-            Ok(r) => r,
-            Err(e) => return self.failed(s, "render", e.to_string(), started),
+        // Render (replaying unchanged units), then check with haproxy -c unless the change is
+        // runtime-only; objects whose configuration the check rejects are left out, and the
+        // rest goes ahead (validate::isolate).
+        let last = s.last_validated.clone();
+        let mut needs_check = |bundle: &Bundle| {
+            let class = last.as_ref().map(|old| classify(old, bundle));
+            !matches!(
+                class,
+                Some(Classification::NoChange) | Some(Classification::Runtime(_))
+            )
         };
-        let _ = self
-            .status
-            .send(StatusMsg::TemplateStatuses(rendered.statuses.clone()));
-        let bundle = rendered.to_bundle();
-        let hash = bundle.hash();
-        if s.last_validated.as_ref().is_some_and(|b| b.hash() == hash) {
-            self.succeeded(s, &bundle, started);
-            return;
-        }
-        let class = s.last_validated.as_ref().map(|old| classify(old, &bundle));
-        let needs_check = !matches!(
-            class,
-            Some(Classification::NoChange) | Some(Classification::Runtime(_))
-        );
-        if needs_check {
+        let haproxy_bin = self.haproxy_bin.clone();
+        let mut check = |bundle: &Bundle| {
             let check_started = Instant::now();
-            let result = check_bundle(&self.haproxy_bin, &bundle);
+            let result = check_bundle(&haproxy_bin, bundle);
             metrics.observe(
                 "haptic_validation_duration_seconds",
                 "Time of haproxy -c on a rendered bundle.",
@@ -229,10 +219,48 @@ impl Reconciler {
                 &[],
                 check_started.elapsed().as_secs_f64(),
             );
-            if let Err(e) = result {
-                return self.failed(s, "validate", e.to_string(), started);
-            }
+            result
+        };
+        let render_started = Instant::now();
+        let validated = render_validated(
+            &config.engine,
+            &inputs,
+            &mut s.cache,
+            &mut needs_check,
+            &mut check,
+        );
+        metrics.observe(
+            "haptic_render_duration_seconds",
+            "Time to render every template once.",
+            DURATION_BUCKETS,
+            &[],
+            render_started.elapsed().as_secs_f64(),
+        );
+        let validated = match validated {
+            Ok(v) => v,
+            Err(Failure::Render(e)) => return self.failed(s, "render", e.to_string(), started),
+            Err(Failure::Check(e)) => return self.failed(s, "validate", e.to_string(), started),
+        };
+        let rendered = validated.rendered;
+        let bundle = validated.bundle;
+        metrics.set(
+            "haptic_dropped_objects",
+            "Objects left out of the configuration (refused values, failed checks).",
+            &[],
+            rendered.dropped.len() as f64,
+        );
+        let _ = self
+            .status
+            .send(StatusMsg::TemplateStatuses(rendered.statuses.clone()));
+        let _ = self
+            .status
+            .send(StatusMsg::Dropped(rendered.dropped.clone()));
+        let hash = bundle.hash();
+        if s.last_validated.as_ref().is_some_and(|b| b.hash() == hash) {
+            self.succeeded(s, &bundle, started);
+            return;
         }
+        let class = s.last_validated.as_ref().map(|old| classify(old, &bundle));
         let reload = !matches!(
             class,
             Some(Classification::NoChange) | Some(Classification::Runtime(_))

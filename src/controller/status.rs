@@ -77,6 +77,8 @@ pub enum StatusMsg {
     },
     Published(Arc<Published>),
     TemplateStatuses(Vec<StatusUpdate>),
+    /// The objects the last render left out (refused values, failed checks).
+    Dropped(Vec<crate::render::Dropped>),
     Shutdown,
 }
 
@@ -115,10 +117,13 @@ struct Desired {
     reconcile: Option<Option<(String, String)>>,
     published: Option<Arc<Published>>,
     templates: BTreeMap<(String, String, String, String), Value>,
+    dropped: Vec<crate::render::Dropped>,
 }
 
 #[derive(Default)]
 struct Written {
+    /// Objects a Warning event was written for, with the message.
+    dropped: BTreeMap<crate::render::Owner, String>,
     conditions: Vec<Condition>,
     transition_times: BTreeMap<&'static str, (bool, String)>,
     generation: i64,
@@ -169,8 +174,47 @@ impl StatusWriter {
                     .map(|u| ((u.api_version, u.kind, u.namespace, u.name), u.status))
                     .collect();
             }
+            StatusMsg::Dropped(list) => desired.dropped = list,
             StatusMsg::Shutdown => {}
         }
+    }
+
+    /// A Warning event on every object newly left out of the configuration (or left out for a
+    /// new reason), and a Normal event when it is back in.
+    fn dropped_events(&self, desired: &Desired, written: &mut Written) {
+        let now: BTreeMap<crate::render::Owner, String> = desired
+            .dropped
+            .iter()
+            .map(|d| (d.owner.clone(), d.message.clone()))
+            .collect();
+        for (owner, message) in &now {
+            if written.dropped.get(owner) == Some(message) || owner.kind.is_empty() {
+                continue;
+            }
+            self.emit_on(
+                owner,
+                "Warning",
+                "LeftOutOfConfiguration",
+                &format!("left out of the HAProxy configuration: {message}"),
+            );
+        }
+        for owner in written.dropped.keys() {
+            if !now.contains_key(owner) && !owner.kind.is_empty() {
+                self.emit_on(
+                    owner,
+                    "Normal",
+                    "BackInConfiguration",
+                    "the object is part of the HAProxy configuration again",
+                );
+            }
+        }
+        written.dropped = now;
+    }
+
+    fn emit_on(&self, owner: &crate::render::Owner, event_type: &str, reason: &str, message: &str) {
+        let involved = json!({"apiVersion": owner.api_version, "kind": owner.kind,
+            "name": owner.name, "namespace": owner.namespace});
+        self.emit_in(&owner.namespace, involved, event_type, reason, message);
     }
 
     fn conditions(&self, desired: &Desired) -> Vec<Condition> {
@@ -303,6 +347,7 @@ impl StatusWriter {
             }
         }
         self.pod_events(written);
+        self.dropped_events(desired, written);
         let now = rfc3339(SystemTime::now());
         for (key, status) in &desired.templates {
             let previous = written.templates.get(key);
@@ -403,17 +448,34 @@ impl StatusWriter {
     }
 
     fn emit(&self, involved: Value, event_type: &str, reason: &str, message: &str) {
+        self.emit_in(&self.namespace, involved, event_type, reason, message);
+    }
+
+    /// Events live in the namespace of the object they are about.
+    fn emit_in(
+        &self,
+        namespace: &str,
+        involved: Value,
+        event_type: &str,
+        reason: &str,
+        message: &str,
+    ) {
+        let namespace = if namespace.is_empty() {
+            self.namespace.as_str()
+        } else {
+            namespace
+        };
         let now = rfc3339(SystemTime::now());
         let event = json!({
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": format!("{}.", self.config_name), "namespace": self.namespace},
+            "metadata": {"generateName": format!("{}.", self.config_name), "namespace": namespace},
             "involvedObject": involved,
             "type": event_type, "reason": reason, "message": message.chars().take(1000).collect::<String>(),
             "source": {"component": "haptic"}, "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         });
         if let Err(e) = self.client.create(
             &ResourceRef::new("v1", "events", true),
-            Some(&self.namespace),
+            Some(namespace),
             &event,
         ) {
             log::warn!("create event: {e}");

@@ -169,7 +169,21 @@ impl Reflector {
                 .list_all(&self.resource, self.namespace.as_deref(), &self.params)?;
         let mut seen = BTreeSet::new();
         let mut prepared = Vec::with_capacity(items.len());
-        for item in items {
+        // List items carry no apiVersion/kind; templates name objects by them (render units
+        // report refusals against `Kind namespace/name`), so fill them in as watch events have.
+        let api_version = if self.resource.group.is_empty() {
+            self.resource.version.clone()
+        } else {
+            format!("{}/{}", self.resource.group, self.resource.version)
+        };
+        let kind = crate::kinds::kind_of(&self.resource.resource);
+        for mut item in items {
+            if let Some(map) = item.as_object_mut() {
+                map.entry("apiVersion")
+                    .or_insert_with(|| Value::from(api_version.clone()));
+                map.entry("kind")
+                    .or_insert_with(|| Value::from(kind.clone()));
+            }
             if let Some(key) = object_key(&item) {
                 if let Some(object) = self.filter.prepare(item) {
                     seen.insert(key);

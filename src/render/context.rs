@@ -189,6 +189,10 @@ impl FileRegistry {
         lock(&self.files).remove(path);
     }
 
+    pub(super) fn path_of(&self, kind: FileKind, name: &str) -> Result<String, String> {
+        self.paths.get(name, kind)
+    }
+
     /// Registers a file; returns its path and, when it was not registered before, the path
     /// again (what undoing the registration removes).
     pub(super) fn register_file(

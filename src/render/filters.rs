@@ -134,8 +134,9 @@ fn fail(message: &str) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message.to_string()).with_source(FailMarker))
 }
 
-/// `debug(value, label?)`: the value as JSON, every line a HAProxy comment.
-fn debug(value: Value, label: Option<&str>) -> String {
+/// `debug(value, label?)`: the value as JSON, every line a HAProxy comment (JSON escapes line
+/// breaks inside strings, so nothing can leave the comment: the result is a safe string).
+fn debug(value: Value, label: Option<&str>) -> Value {
     let json =
         serde_json::to_string_pretty(&value).unwrap_or_else(|e| format!("<unserialisable: {e}>"));
     let mut out = format!("# DEBUG {}:\n", label.unwrap_or("value"));
@@ -144,7 +145,7 @@ fn debug(value: Value, label: Option<&str>) -> String {
         out.push_str(line);
         out.push('\n');
     }
-    out
+    Value::from_safe_string(out)
 }
 
 fn first_seen(state: &State, parts: Rest<Value>) -> Result<bool, Error> {

@@ -172,8 +172,10 @@ pub struct Rendered {
     pub statuses: Vec<StatusUpdate>,
     /// Where each render unit's output landed, in render order.
     pub units: Vec<UnitSpan>,
-    /// Units left out of this configuration, and why.
+    /// Objects left out of this configuration, and why.
     pub dropped: Vec<Dropped>,
+    /// Auxiliary files registered by render units, with the owner of the unit.
+    pub file_owners: Vec<(String, Owner)>,
 }
 
 impl Rendered {
@@ -336,7 +338,7 @@ impl Engine {
         // pass adds owners, so this ends; the bound guards against a pathological template.
         let mut failed: HashMap<Owner, String> = HashMap::new();
         let mut passes = 0;
-        let (registry, status, outputs, instances, dropped) = loop {
+        let (registry, status, outputs, instances, dropped, file_owners) = loop {
             passes += 1;
             let registry = Arc::new(FileRegistry::new(paths.clone()));
             let status = Arc::new(StatusCollector::default());
@@ -372,7 +374,14 @@ impl Engine {
                 failed.extend(scope.newly_failed);
                 continue;
             }
-            break (registry, status, outputs, scope.instances, scope.dropped);
+            break (
+                registry,
+                status,
+                outputs,
+                scope.instances,
+                scope.dropped,
+                scope.file_owners,
+            );
         };
         let (haproxy_cfg, mut files, spans) = outputs?;
         cache.sweep();
@@ -422,6 +431,7 @@ impl Engine {
             statuses: status.take(),
             units,
             dropped,
+            file_owners,
         })
     }
 

@@ -658,7 +658,10 @@ fn pem(value: Value, field: Option<&str>) -> Result<Value, Error> {
     typed(field, || {
         let s = text(&value)?;
         if s.len() > 1 << 20 {
-            return Err(format!("is {} bytes; at most 1 MiB of PEM data is accepted", s.len()));
+            return Err(format!(
+                "is {} bytes; at most 1 MiB of PEM data is accepted",
+                s.len()
+            ));
         }
         let mut out = String::with_capacity(s.len());
         let mut inside: Option<&str> = None;
@@ -738,7 +741,10 @@ mod tests {
         assert_eq!(ok(f("a.test/api")), "a.test/api");
         assert_eq!(ok(f("^a\\.test(?:/x|/y)")), "^a\\.test(?:/x|/y)");
         for bad in ["a b", "a\tb", "a\nb", "#x", "é", ""] {
-            assert!(no(f(bad)).starts_with("annotation haproxy.org/x: "), "{bad:?}");
+            assert!(
+                no(f(bad)).starts_with("annotation haproxy.org/x: "),
+                "{bad:?}"
+            );
         }
         assert!(no(f(&"a".repeat(5000))).contains("longer than"));
         let good = "-----BEGIN CERTIFICATE-----\r\nQUJD\nREVG==\n-----END CERTIFICATE-----\n\n-----BEGIN EC PRIVATE KEY-----\nQUJD\n-----END EC PRIVATE KEY-----\n";

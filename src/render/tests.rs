@@ -150,7 +150,7 @@ fn filters() {
         ("{{ dig(t, 'metadata', 'labels', 'group') }}|{{ dig(t, 'metadata', 'nope', 'x') is none }}", "g|True"),
         ("{{ none | fallback('d') }}|{{ '' | fallback('d') }}|{{ missing | fallback('d') }}|{{ false | fallback('d') }}", "d||d|False"),
         ("{{ 'aGVsbG8=' | b64decode }}|{{ 'hello' | b64encode }}", "hello|aGVsbG8="),
-        ("{{ regex_search('abc123', '[0-9]+$') }}|{{ 'a.b.c' | regex_replace('\\\\.', '_') }}|{{ 'a.b' | regex_escape }}", "True|a_b_c|a\\.b"),
+        ("{{ regex_search('abc123', '[0-9]+$') }}|{{ 'a.b.c' | regex_replace('\\\\.', '_') }}|{{ 'a.b' | regex_escape | safe }}", "True|a_b_c|a\\.b"),
         ("{{ '/x/y/z.pem' | basename }}|{{ 'abc' | sha256 }}", "z.pem|ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
         ("{{ ['be-a', 'fe-b', 'be-c'] | glob_match('be-*') | join(',') }}", "be-a,be-c"),
         ("{{ {'a': [1, 'x']} | tojson }}", "{\"a\": [1, \"x\"]}"),
@@ -304,4 +304,79 @@ fn rendering_is_byte_identical_across_runs() {
     let b = engine.render(&inputs(&objects)).unwrap();
     assert_eq!(a, b);
     assert_eq!(a.to_bundle().hash(), b.to_bundle().hash());
+}
+
+/// Each thing is two units: one adds a route to `shared`, one writes a backend; a thing whose
+/// `data.port` is not a number fails in its second unit.
+fn unit_engine() -> Engine {
+    Engine::new(&spec_with(
+        "{% for t in resources.things.list() %}{{ unit('collect', owner=t, t=t) }}{% endfor %}\
+         {% for t in resources.things.list() %}{{ unit('backend', owner=t, t=t) }}{% endfor %}\
+         routes:{% for r in shared.get('routes', []) %} {{ r }}{% endfor %}\n",
+        &[
+            ("collect", "{% do shared.append('routes', t.metadata.name) %}"),
+            (
+                "backend",
+                "\nbackend {{ t.metadata.name }} port {{ t.data.port | int_range(1, 65535, 'data.port') }}",
+            ),
+        ],
+        &[],
+    ))
+    .unwrap()
+}
+
+#[test]
+fn a_failing_unit_leaves_its_whole_owner_out_and_nothing_else() {
+    let engine = unit_engine();
+    let bad = Arc::new(
+        json!({"kind": "ConfigMap", "metadata": {"namespace": "a", "name": "bad", "labels": {"group": "g"}}, "data": {"port": "99999"}}),
+    );
+    let out = engine
+        .render(&inputs(&[thing("a", "x", "g1"), bad, thing("b", "y", "g1")]))
+        .unwrap();
+    assert_eq!(
+        out.haproxy_cfg,
+        "\nbackend x port 80\nbackend y port 80routes: x y\n"
+    );
+    assert_eq!(out.dropped.len(), 1);
+    assert_eq!(
+        out.dropped[0].to_string(),
+        "ConfigMap a/bad: left out of the configuration: data.port: \"99999\" is above 65535"
+            .replace("\"99999\" is above 65535", &out.dropped[0].message["data.port: ".len()..])
+    );
+    assert!(out.dropped[0].message.starts_with("data.port: "));
+    // Its route, added by a unit that succeeded before the failing one, is gone too.
+    assert!(!out.haproxy_cfg.contains("bad"));
+}
+
+#[test]
+fn unchanged_units_replay_and_a_change_renders_only_its_units() {
+    let engine = unit_engine();
+    let mut cache = RenderCache::new();
+    let objects = [thing("a", "x", "g1"), thing("b", "y", "g1"), thing("c", "z", "g2")];
+    let first = engine.render_cached(&inputs(&objects), &mut cache).unwrap();
+    assert_eq!((cache.stats.rendered, cache.stats.replayed), (6, 0));
+    let again = engine.render_cached(&inputs(&objects), &mut cache).unwrap();
+    assert_eq!((cache.stats.rendered, cache.stats.replayed), (0, 6));
+    assert_eq!(first, again);
+    let changed = Arc::new(
+        json!({"metadata": {"namespace": "b", "name": "y", "labels": {"group": "g1"}}, "data": {"port": 8080}}),
+    );
+    let objects = [objects[0].clone(), changed, objects[2].clone()];
+    let third = engine.render_cached(&inputs(&objects), &mut cache).unwrap();
+    assert_eq!((cache.stats.rendered, cache.stats.replayed), (2, 4));
+    assert_eq!(third, engine.render(&inputs(&objects)).unwrap());
+    assert!(third.haproxy_cfg.contains("backend y port 8080"));
+}
+
+#[test]
+fn collectors_grow_in_place() {
+    assert_eq!(
+        render(
+            "{% set c = collector() %}{% for i in range(3) %}{% do c.append(i) %}{% endfor %}{{ c | length }} {{ c[1] }} {{ c | join(',') }}",
+            &[]
+        )
+        .unwrap(),
+        "3 1 0,1,2\n"
+    );
 }

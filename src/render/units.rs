@@ -298,6 +298,11 @@ impl RenderCache {
         self.excluded.insert(owner.clone(), reason);
     }
 
+    /// Takes back an exclusion.
+    pub fn include(&mut self, owner: &Owner) {
+        self.excluded.remove(owner);
+    }
+
     pub fn excluded(&self) -> impl Iterator<Item = (&Owner, &str)> {
         self.excluded.iter().map(|(k, r)| (k, r.as_str()))
     }
@@ -324,6 +329,9 @@ pub(super) struct Scope {
     pub newly_failed: HashMap<Owner, String>,
     /// Owners already reported in `dropped` in this pass.
     pub reported: HashSet<Owner>,
+    /// Which owner's unit registered each auxiliary file (maps `haproxy -c` errors that name a
+    /// file, such as a certificate, back to an object).
+    pub file_owners: Vec<(String, Owner)>,
 }
 
 impl Scope {
@@ -355,6 +363,7 @@ impl Scope {
             reported: failed.keys().cloned().collect(),
             failed,
             newly_failed: HashMap::new(),
+            file_owners: Vec::new(),
         }
     }
 }
@@ -836,6 +845,7 @@ fn try_replay(
                     return Some(Err(e));
                 }
             }
+            s.note_files(&rec, owner);
             s.cache.stats.replayed += 1;
             let fresh = !s.cache.entries.get(ukey).is_some_and(|e| e.validated);
             Some(Ok(s.instance(ukey, owner, fresh, &text)))
@@ -848,6 +858,16 @@ fn try_replay(
 }
 
 impl Scope {
+    fn note_files(&mut self, rec: &Recording, owner: &Owner) {
+        for e in &rec.effects {
+            if let Effect::File(kind, name, _) = e {
+                if let Ok(path) = self.files.path_of(*kind, name) {
+                    self.file_owners.push((path, owner.clone()));
+                }
+            }
+        }
+    }
+
     fn touch(&mut self, ukey: &UnitKey) {
         let generation = self.cache.generation;
         if let Some(e) = self.cache.entries.get_mut(ukey) {
@@ -891,6 +911,7 @@ impl Scope {
         let value = match &outcome {
             Ok(text) => {
                 self.cache.stats.rendered += 1;
+                self.note_files(&rec, &owner);
                 FRAMES.with(|f| {
                     if let Some(parent) = f.borrow_mut().last_mut() {
                         parent.absorb(&rec, undos, &ukey);

@@ -20,9 +20,13 @@ use serde_json::{json, Value};
 
 use crate::controller::state::{lock, Shared};
 use crate::controller::watchers::Watchers;
-use crate::render::RenderInputs;
+use crate::render::{RenderCache, RenderInputs};
 use crate::store::{object_key, ObjectFilter};
 use crate::validate::haproxy::check_bundle;
+use crate::validate::isolate::{render_validated, Failure};
+use haptic_agent::classify::{classify, Classification};
+use haptic_agent::protocol::Bundle;
+use std::collections::BTreeSet;
 
 /// The webhook's serving certificate, re-read when its files change.
 struct Tls {
@@ -56,6 +60,9 @@ struct Webhook {
     shared: Arc<Shared>,
     watchers: Arc<Mutex<Watchers>>,
     haproxy_bin: String,
+    /// Render units memoized across admission requests: admitting one object costs that
+    /// object's units plus the check, not a render of the whole cluster.
+    cache: Mutex<RenderCache>,
 }
 
 pub fn start(
@@ -80,6 +87,7 @@ pub fn start(
         shared,
         watchers,
         haproxy_bin,
+        cache: Mutex::new(RenderCache::new()),
     });
     std::thread::Builder::new()
         .name("webhook".into())
@@ -227,6 +235,7 @@ impl Webhook {
                 &candidate.engine,
                 &candidate.spec,
                 lock(&self.watchers).snapshot(),
+                None,
             );
         }
         let Some((name, watched)) = active
@@ -240,7 +249,8 @@ impl Webhook {
         if !watched.enable_validation_webhook {
             return Ok(());
         }
-        let mut stores = lock(&self.watchers).snapshot();
+        let without = lock(&self.watchers).snapshot();
+        let mut stores = without.clone();
         let mut store = stores
             .get(name)
             .map(|s| (**s).clone())
@@ -261,36 +271,94 @@ impl Webhook {
             }
         }
         stores.insert(name.clone(), Arc::new(store));
-        self.render_and_check(&active.engine, &active.spec, stores)
+        self.render_and_check(&active.engine, &active.spec, stores, Some(without))
     }
 
+    /// Renders the stores with the change (and, for a watched object, without it) and checks
+    /// the result. Denies only what the change itself introduces: an object left out with it
+    /// but not without it (a refused value, lines haproxy -c rejects), or a configuration that
+    /// fails with it and not without it.
     fn render_and_check(
         &self,
         engine: &crate::render::Engine,
         spec: &crate::config::Spec,
         stores: std::collections::BTreeMap<String, Arc<crate::store::Store>>,
+        without: Option<std::collections::BTreeMap<String, Arc<crate::store::Store>>>,
     ) -> Result<(), Denial> {
-        let inputs = RenderInputs {
+        let inputs = |stores| RenderInputs {
             stores,
             extra_context: spec.templating_settings.extra_context.clone(),
             current_config: None,
             base_dir: None,
         };
-        let rendered = engine.render(&inputs).map_err(|e| {
-            Denial::Invalid(if e.from_fail {
+        let mut cache = lock(&self.cache);
+        let haproxy_bin = self.haproxy_bin.clone();
+        let mut check = |b: &Bundle| check_bundle(&haproxy_bin, b);
+        let before = without.map(|stores| {
+            render_validated(
+                engine,
+                &inputs(stores),
+                &mut cache,
+                &mut |_| false,
+                &mut check,
+            )
+        });
+        let (before_dropped, before_bundle) = match &before {
+            Some(Ok(v)) => (
+                v.rendered
+                    .dropped
+                    .iter()
+                    .map(|d| d.owner.clone())
+                    .collect::<BTreeSet<_>>(),
+                Some(v.bundle.clone()),
+            ),
+            _ => (BTreeSet::new(), None),
+        };
+        let mut needs_check = |b: &Bundle| match &before_bundle {
+            // A runtime-only difference changes nothing haproxy -c looks at.
+            Some(old) => !matches!(
+                classify(old, b),
+                Classification::NoChange | Classification::Runtime(_)
+            ),
+            None => true,
+        };
+        let after = render_validated(
+            engine,
+            &inputs(stores),
+            &mut cache,
+            &mut needs_check,
+            &mut check,
+        );
+        match after {
+            Ok(v) => {
+                let introduced: Vec<String> = v
+                    .rendered
+                    .dropped
+                    .iter()
+                    .filter(|d| !before_dropped.contains(&d.owner))
+                    .map(|d| format!("{}: {}", d.owner, d.message))
+                    .collect();
+                if introduced.is_empty() {
+                    Ok(())
+                } else {
+                    Err(Denial::Invalid(introduced.join("; ")))
+                }
+            }
+            Err(_) if matches!(before, Some(Err(_))) => Err(Denial::Error(
+                "the configuration fails without this change too".into(),
+            )),
+            Err(Failure::Render(e)) => Err(Denial::Invalid(if e.from_fail {
                 e.message.clone()
             } else {
                 e.to_string()
-            })
-        })?;
-        check_bundle(&self.haproxy_bin, &rendered.to_bundle())
-            .map(|_| ())
-            .map_err(|e| match e {
-                crate::validate::haproxy::CheckError::Rejected { message } => {
-                    Denial::Invalid(format!("HAProxy would reject the configuration: {message}"))
-                }
-                crate::validate::haproxy::CheckError::CouldNotRun(m) => Denial::Error(m),
-            })
+            })),
+            Err(Failure::Check(crate::validate::haproxy::CheckError::Rejected { message })) => Err(
+                Denial::Invalid(format!("HAProxy would reject the configuration: {message}")),
+            ),
+            Err(Failure::Check(crate::validate::haproxy::CheckError::CouldNotRun(m))) => {
+                Err(Denial::Error(m))
+            }
+        }
     }
 }
 

@@ -3,4 +3,5 @@
 
 pub mod fixtures;
 pub mod haproxy;
+pub mod isolate;
 pub mod suite;
