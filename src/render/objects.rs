@@ -11,67 +11,42 @@ use minijinja::{Error, ErrorKind, State};
 use super::units::StoreMethod;
 use crate::store::Store;
 
-#[derive(Debug, Clone)]
-enum Step {
-    Key(Arc<str>),
-    Index(usize),
-}
-
-/// A node inside a shared, immutable JSON document. Lookups walk from the root each time, so
-/// exposing an object to a template costs nothing until a template touches a field, and the
-/// stored object is never copied.
+/// A node inside a shared, immutable JSON document. Exposing an object to a template costs
+/// nothing until a template touches a field, and the stored object is never copied.
 #[derive(Debug)]
 pub struct JsonNode {
+    /// Keeps the document alive (and immutable: it is only ever shared) for `node`.
     root: Arc<serde_json::Value>,
-    path: Vec<Step>,
+    node: *const serde_json::Value,
 }
+
+// SAFETY: `node` points into the document `root` keeps alive. The document is immutable (it is
+// only reachable through shared `Arc`s, and this node holds one, so nothing can obtain `&mut`
+// to it), so reading through the pointer from any thread is as safe as reading through `root`.
+unsafe impl Send for JsonNode {}
+unsafe impl Sync for JsonNode {}
 
 impl JsonNode {
     pub fn value(root: Arc<serde_json::Value>) -> Value {
-        json_to_value(&root.clone(), &root, Vec::new())
+        let node: *const serde_json::Value = &*root;
+        json_to_value(&root, node)
     }
 
-    /// The same stored version of the same object, at the same path.
+    /// The same stored version of the same object, at the same place.
     pub(crate) fn same_node(&self, other: &JsonNode) -> bool {
-        Arc::ptr_eq(&self.root, &other.root)
-            && self.path.len() == other.path.len()
-            && self
-                .path
-                .iter()
-                .zip(&other.path)
-                .all(|(a, b)| match (a, b) {
-                    (Step::Key(x), Step::Key(y)) => x == y,
-                    (Step::Index(x), Step::Index(y)) => x == y,
-                    _ => false,
-                })
+        Arc::ptr_eq(&self.root, &other.root) && std::ptr::eq(self.node, other.node)
     }
 
     fn node(&self) -> &serde_json::Value {
-        let mut current = &*self.root;
-        for step in &self.path {
-            let next = match step {
-                Step::Key(k) => current.get(&**k),
-                Step::Index(i) => current.get(*i),
-            };
-            // The path was built from this same immutable document, so every step exists.
-            current = next.unwrap_or(&serde_json::Value::Null);
-        }
-        current
-    }
-
-    fn child(&self, step: Step, value: &serde_json::Value) -> Value {
-        let mut path = self.path.clone();
-        path.push(step);
-        json_to_value(&self.root, value, path)
+        // SAFETY: see the type's invariant: `node` lives inside `root`, which outlives `self`.
+        unsafe { &*self.node }
     }
 }
 
-fn json_to_value(
-    root: &Arc<serde_json::Value>,
-    value: &serde_json::Value,
-    path: Vec<Step>,
-) -> Value {
+fn json_to_value(root: &Arc<serde_json::Value>, node: *const serde_json::Value) -> Value {
     use serde_json::Value as J;
+    // SAFETY: `node` lies inside `root` (callers derive it from `root` or from a node of it).
+    let value = unsafe { &*node };
     match value {
         J::Null => Value::from(()),
         J::Bool(b) => Value::from(*b),
@@ -93,7 +68,7 @@ fn json_to_value(
         J::String(s) => Value::from(s.as_str()),
         J::Array(_) | J::Object(_) => Value::from_object(JsonNode {
             root: root.clone(),
-            path,
+            node,
         }),
     }
 }
@@ -110,15 +85,14 @@ impl Object for JsonNode {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         match self.node() {
             serde_json::Value::Object(map) => {
-                let key = key.as_str()?;
-                let (k, v) = map.get_key_value(key)?;
-                Some(self.child(Step::Key(Arc::from(k.as_str())), v))
+                let v = map.get(key.as_str()?)?;
+                Some(json_to_value(&self.root, v))
             }
             serde_json::Value::Array(items) => {
                 let i = key.as_i64()?;
                 let i = if i < 0 { items.len() as i64 + i } else { i };
-                let i = usize::try_from(i).ok()?;
-                items.get(i).map(|v| self.child(Step::Index(i), v))
+                let v = items.get(usize::try_from(i).ok()?)?;
+                Some(json_to_value(&self.root, v))
             }
             _ => None,
         }

@@ -332,7 +332,11 @@ fn a_failing_unit_leaves_its_whole_owner_out_and_nothing_else() {
         json!({"kind": "ConfigMap", "metadata": {"namespace": "a", "name": "bad", "labels": {"group": "g"}}, "data": {"port": "99999"}}),
     );
     let out = engine
-        .render(&inputs(&[thing("a", "x", "g1"), bad, thing("b", "y", "g1")]))
+        .render(&inputs(&[
+            thing("a", "x", "g1"),
+            bad,
+            thing("b", "y", "g1"),
+        ]))
         .unwrap();
     assert_eq!(
         out.haproxy_cfg,
@@ -342,7 +346,10 @@ fn a_failing_unit_leaves_its_whole_owner_out_and_nothing_else() {
     assert_eq!(
         out.dropped[0].to_string(),
         "ConfigMap a/bad: left out of the configuration: data.port: \"99999\" is above 65535"
-            .replace("\"99999\" is above 65535", &out.dropped[0].message["data.port: ".len()..])
+            .replace(
+                "\"99999\" is above 65535",
+                &out.dropped[0].message["data.port: ".len()..]
+            )
     );
     assert!(out.dropped[0].message.starts_with("data.port: "));
     // Its route, added by a unit that succeeded before the failing one, is gone too.
@@ -353,7 +360,11 @@ fn a_failing_unit_leaves_its_whole_owner_out_and_nothing_else() {
 fn unchanged_units_replay_and_a_change_renders_only_its_units() {
     let engine = unit_engine();
     let mut cache = RenderCache::new();
-    let objects = [thing("a", "x", "g1"), thing("b", "y", "g1"), thing("c", "z", "g2")];
+    let objects = [
+        thing("a", "x", "g1"),
+        thing("b", "y", "g1"),
+        thing("c", "z", "g2"),
+    ];
     let first = engine.render_cached(&inputs(&objects), &mut cache).unwrap();
     assert_eq!((cache.stats.rendered, cache.stats.replayed), (6, 0));
     let again = engine.render_cached(&inputs(&objects), &mut cache).unwrap();

@@ -1,0 +1,170 @@
+//! Render benchmark through the six shipped libraries (the configuration the chart installs):
+//! N Ingresses, each with its own Service and an EndpointSlice of three endpoints
+//! (`scripts/bench-objects.py`). Prints, per N, the full render, a re-render with nothing
+//! changed, one EndpointSlice change, one new Ingress, and — the floor, in the same run —
+//! `haproxy -c` on the same output and the raw JSON size of the objects.
+//!
+//!     cargo bench --bench render -- 1000 10000
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use haptic::render::{Engine, RenderCache, RenderInputs};
+use haptic::store::Store;
+use haptic::validate::fixtures::{build_stores, load_fixture_inputs};
+use serde_json::{json, Value};
+
+const LIBRARIES: [&str; 6] = [
+    "chart/libraries/base.yaml",
+    "chart/libraries/ssl.yaml",
+    "chart/libraries/ingress.yaml",
+    "chart/libraries/gateway.yaml",
+    "chart/libraries/haproxytech.yaml",
+    "chart/libraries/haproxy-ingress.yaml",
+];
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// The median of `runs` timings of `f`.
+fn median(runs: usize, mut f: impl FnMut() -> Duration) -> Duration {
+    let mut times: Vec<Duration> = (0..runs).map(|_| f()).collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    std::env::set_current_dir(root).expect("repository root");
+    let sizes: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let sizes = if sizes.is_empty() {
+        vec![1000, 10000]
+    } else {
+        sizes
+    };
+    let spec = haptic::config::load_files(&LIBRARIES)
+        .and_then(|d| d.valid_spec("libraries"))
+        .expect("the six libraries load");
+    let engine = Engine::new(&spec).expect("the libraries compile");
+    let work = std::env::temp_dir().join(format!("haptic-bench-render-{}", std::process::id()));
+    std::fs::create_dir_all(&work).expect("work dir");
+    for n in sizes {
+        let objects = work.join(format!("objects-{n}.yaml"));
+        let status = Command::new("python3")
+            .arg("scripts/bench-objects.py")
+            .arg(n.to_string())
+            .stdout(std::fs::File::create(&objects).expect("objects file"))
+            .status()
+            .expect("python3");
+        assert!(status.success(), "bench-objects.py failed");
+        let (fixtures, _) =
+            load_fixture_inputs(&spec, &[objects.display().to_string()]).expect("fixtures");
+        let (stores, skipped) = build_stores(&spec, fixtures);
+        assert!(skipped.is_empty(), "{skipped:?}");
+        let raw_json: usize = stores
+            .values()
+            .flat_map(|s| s.list())
+            .map(|o| serde_json::to_vec(&**o).map(|v| v.len()).unwrap_or(0))
+            .sum();
+        let inputs = |stores: BTreeMap<String, Arc<Store>>| RenderInputs {
+            stores,
+            extra_context: spec.templating_settings.extra_context.clone(),
+            current_config: None,
+            base_dir: None,
+        };
+
+        let full = median(3, || {
+            let started = Instant::now();
+            engine.render(&inputs(stores.clone())).expect("render");
+            started.elapsed()
+        });
+        let mut cache = RenderCache::new();
+        let rendered = engine
+            .render_cached(&inputs(stores.clone()), &mut cache)
+            .expect("render");
+        let units = cache.stats.rendered;
+        let unchanged = median(5, || {
+            let started = Instant::now();
+            engine
+                .render_cached(&inputs(stores.clone()), &mut cache)
+                .expect("render");
+            started.elapsed()
+        });
+
+        // One EndpointSlice changes (an endpoint becomes not ready), alternating so every run
+        // is a real change.
+        let endpoints = stores["endpoints"].clone();
+        let first = endpoints.list().next().expect("a slice").clone();
+        let mut flipped = (*first).clone();
+        flipped["endpoints"][0]["conditions"]["ready"] = json!(false);
+        let variants = [first, Arc::new(flipped)];
+        let mut i = 0;
+        let mut rendered_units = 0;
+        let endpoint_change = median(9, || {
+            i += 1;
+            let mut store = (*endpoints).clone();
+            store.upsert(variants[i % 2].clone()).expect("upsert");
+            let mut changed = stores.clone();
+            changed.insert("endpoints".into(), Arc::new(store));
+            let started = Instant::now();
+            engine
+                .render_cached(&inputs(changed), &mut cache)
+                .expect("render");
+            let took = started.elapsed();
+            rendered_units = cache.stats.rendered;
+            took
+        });
+
+        // One new Ingress (a new route and backend), added and removed in turn.
+        let ingresses = stores["ingresses"].clone();
+        let new_ingress: Value = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            "metadata": {"name": "bench-new", "namespace": "ns0", "creationTimestamp": "2025-01-01T00:00:00Z"},
+            "spec": {"ingressClassName": "haproxy", "rules": [{"host": "new.example.com",
+                "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                    "backend": {"service": {"name": "svc0", "port": {"number": 80}}}}]}}]}});
+        let new_ingress = Arc::new(new_ingress);
+        let mut j = 0;
+        let new_route = median(9, || {
+            j += 1;
+            let mut store = (*ingresses).clone();
+            if j % 2 == 1 {
+                store.upsert(new_ingress.clone()).expect("upsert");
+            }
+            let mut changed = stores.clone();
+            changed.insert("ingresses".into(), Arc::new(store));
+            let started = Instant::now();
+            engine
+                .render_cached(&inputs(changed), &mut cache)
+                .expect("render");
+            started.elapsed()
+        });
+
+        // The floor: haproxy -c on the same output.
+        let bundle = rendered.to_bundle();
+        let check = median(3, || {
+            let started = Instant::now();
+            haptic::validate::haproxy::check_bundle("haproxy", &bundle).expect("valid output");
+            started.elapsed()
+        });
+        println!(
+            "render-libraries n={n} objects={} raw_json_bytes={raw_json} config_bytes={} units={units} \
+             full_ms={:.1} unchanged_ms={:.1} endpoint_change_ms={:.1} (units_rendered={rendered_units}) \
+             new_ingress_ms={:.1} haproxy_check_ms={:.1}",
+            stores.values().map(|s| s.len()).sum::<usize>(),
+            bundle.haproxy_cfg.len(),
+            ms(full),
+            ms(unchanged),
+            ms(endpoint_change),
+            ms(new_route),
+            ms(check),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&work);
+}
