@@ -35,6 +35,10 @@ pub const DEFAULT_FUEL: u64 = 500_000_000;
 
 pub const MAIN_TEMPLATE: &str = "haproxy.cfg";
 
+/// Render passes at most: each pass after the first leaves out the owners whose units failed in
+/// the one before (owners that fail only once others are out need another pass).
+const MAX_PASSES: usize = 16;
+
 /// A render or compile failure, located in a template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RenderError {
@@ -370,7 +374,40 @@ impl Engine {
                 });
             };
             *cache = scope.cache;
-            if outputs.is_ok() && !scope.newly_failed.is_empty() && passes < 16 {
+            if log::log_enabled!(log::Level::Debug) {
+                let mut timings: Vec<_> = scope.timings.iter().collect();
+                timings.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
+                for (template, (calls, time)) in timings.iter().take(12) {
+                    log::debug!(
+                        "unit template={template} calls={calls} ms={:.1}",
+                        time.as_secs_f64() * 1000.0
+                    );
+                }
+                log::debug!(
+                    "units rendered={} replayed={} dropped={}",
+                    cache.stats.rendered,
+                    cache.stats.replayed,
+                    cache.stats.dropped
+                );
+            }
+            if outputs.is_ok() && !scope.newly_failed.is_empty() {
+                if passes >= MAX_PASSES {
+                    // Never ship a pass in which an owner failed: part of it would be in.
+                    return Err(RenderError {
+                        template: MAIN_TEMPLATE.into(),
+                        line: None,
+                        message: format!(
+                            "objects kept failing after {MAX_PASSES} passes (last: {})",
+                            scope
+                                .newly_failed
+                                .keys()
+                                .map(|o| o.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                        from_fail: false,
+                    });
+                }
                 failed.extend(scope.newly_failed);
                 continue;
             }

@@ -332,6 +332,8 @@ pub(super) struct Scope {
     /// Which owner's unit registered each auxiliary file (maps `haproxy -c` errors that name a
     /// file, such as a certificate, back to an object).
     pub file_owners: Vec<(String, Owner)>,
+    /// With debug logging: calls and time per unit template.
+    pub timings: HashMap<String, (usize, std::time::Duration)>,
 }
 
 impl Scope {
@@ -364,6 +366,7 @@ impl Scope {
             failed,
             newly_failed: HashMap::new(),
             file_owners: Vec::new(),
+            timings: HashMap::new(),
         }
     }
 }
@@ -663,28 +666,33 @@ fn marked(id: usize, text: &str) -> Value {
 /// a bug in the template itself (a missing template, an unknown filter or function, wrong
 /// arguments), which stops the render so the last good configuration stays.
 fn is_unit_fault(err: &Error) -> bool {
-    let chain = std::iter::successors(Some(err as &(dyn std::error::Error + 'static)), |e| {
-        e.source()
-    });
-    for e in chain {
-        if let Some(m) = e.downcast_ref::<Error>() {
-            if matches!(
-                m.kind(),
-                ErrorKind::SyntaxError
-                    | ErrorKind::TemplateNotFound
-                    | ErrorKind::UnknownFilter
-                    | ErrorKind::UnknownFunction
-                    | ErrorKind::UnknownTest
-                    | ErrorKind::UnknownMethod
-                    | ErrorKind::MissingArgument
-                    | ErrorKind::TooManyArguments
-                    | ErrorKind::BadInclude
-            ) {
-                return false;
-            }
-        }
+    let chain: Vec<&(dyn std::error::Error + 'static)> =
+        std::iter::successors(Some(err as &(dyn std::error::Error + 'static)), |e| {
+            e.source()
+        })
+        .collect();
+    if chain.iter().any(|e| {
+        e.is::<super::filters::FailMarker>()
+            || e.is::<super::safe::RefusalMarker>()
+            || e.is::<super::safe::UnsafeOutputMarker>()
+    }) {
+        return true;
     }
-    true
+    // Includes wrap the real error (BadInclude): judge by the innermost template error.
+    let innermost = chain.iter().rev().find_map(|e| e.downcast_ref::<Error>());
+    !innermost.is_some_and(|m| {
+        matches!(
+            m.kind(),
+            ErrorKind::SyntaxError
+                | ErrorKind::TemplateNotFound
+                | ErrorKind::UnknownFilter
+                | ErrorKind::UnknownFunction
+                | ErrorKind::UnknownTest
+                | ErrorKind::UnknownMethod
+                | ErrorKind::MissingArgument
+                | ErrorKind::TooManyArguments
+        )
+    })
 }
 
 /// `unit(template, owner=…, key=…, **vars)`: renders `template` with the globals plus `vars`
@@ -692,6 +700,22 @@ fn is_unit_fault(err: &Error) -> bool {
 /// the owner). A unit that fails drops every unit of its owner from the configuration (a
 /// half-configured object could fail open: routes kept, an access rule lost).
 pub(super) fn unit(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Error> {
+    if !log::log_enabled!(log::Level::Debug) {
+        return unit_inner(state, template, kwargs);
+    }
+    // Time spent per unit template (inclusive of nested units), logged after each render.
+    let started = std::time::Instant::now();
+    let result = unit_inner(state, template, kwargs);
+    let elapsed = started.elapsed();
+    with_scope(|s| {
+        let e = s.timings.entry(template.to_string()).or_default();
+        e.0 += 1;
+        e.1 += elapsed;
+    });
+    result
+}
+
+fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Error> {
     let owner_value: Option<Value> = kwargs.get("owner")?;
     let key: Option<String> = kwargs.get("key")?;
     let mut args: Vec<(String, Value)> = Vec::new();
