@@ -130,6 +130,17 @@ fn glob_match_filter(items: Value, pattern: &str) -> Result<Value, Error> {
     Ok(Value::from(out))
 }
 
+/// `has_prefixed_key(map, prefix)`: whether any key of a mapping starts with `prefix` — lets
+/// libraries skip the per-object work of an annotation family an object does not use.
+fn has_prefixed_key(map: Value, prefix: &str) -> bool {
+    if map.kind() != ValueKind::Map {
+        return false;
+    }
+    map.try_iter()
+        .map(|mut keys| keys.any(|k| k.as_str().is_some_and(|k| k.starts_with(prefix))))
+        .unwrap_or(false)
+}
+
 fn fail(message: &str) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message.to_string()).with_source(FailMarker))
 }
@@ -298,6 +309,9 @@ pub fn register(env: &mut Environment<'static>, snippet_names: Arc<[String]>) {
     env.add_function("debug", debug);
     env.add_function("first_seen", first_seen);
     env.add_function("unit", super::units::unit);
+    env.add_filter("has_prefixed_key", has_prefixed_key);
+    env.add_test("having_prefixed_key", has_prefixed_key);
+    env.add_function("server_lines", super::slots::server_lines);
     env.add_function("collector", || {
         Value::from_object(super::context::Collector::default())
     });

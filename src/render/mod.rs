@@ -11,6 +11,7 @@ pub mod filters;
 pub mod glob;
 pub mod objects;
 pub mod safe;
+pub mod slots;
 pub mod units;
 
 use std::collections::{BTreeMap, HashMap};
@@ -376,7 +377,7 @@ impl Engine {
             *cache = scope.cache;
             if log::log_enabled!(log::Level::Debug) {
                 let mut timings: Vec<_> = scope.timings.iter().collect();
-                timings.sort_by(|a, b| b.1 .1.cmp(&a.1 .1));
+                timings.sort_by_key(|t| std::cmp::Reverse(t.1 .1));
                 for (template, (calls, time)) in timings.iter().take(12) {
                     log::debug!(
                         "unit template={template} calls={calls} ms={:.1}",
@@ -543,7 +544,10 @@ impl Engine {
         shared: Arc<Shared>,
     ) -> Value {
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
-        // extraContext keys come first so the built-in names below always win over them.
+        // extraContext keys come first so the built-in names below always win over them. They
+        // are the admin's settings, but plain strings: a template prints one that is not plain
+        // (`bind_address: '"${POD_IP}"'`) with `| safe`. Making them safe strings would make
+        // every `"literal text " ~ setting` a markup concatenation that refuses the literal.
         for (key, value) in &inputs.extra_context {
             ctx.insert(key.clone(), Value::from(minijinja::value::Serde(value)));
         }

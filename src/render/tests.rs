@@ -155,6 +155,7 @@ fn filters() {
         ("{{ ['be-a', 'fe-b', 'be-c'] | glob_match('be-*') | join(',') }}", "be-a,be-c"),
         ("{{ {'a': [1, 'x']} | tojson }}", "{\"a\": [1, \"x\"]}"),
         ("{{ debug({'k': 1}, 'lbl') }}", "# DEBUG lbl:\n# {\n#   \"k\": 1\n# }"),
+        ("{{ t.metadata.labels | has_prefixed_key('gr') }}|{{ t.metadata.labels is having_prefixed_key('x') }}|{{ none | has_prefixed_key('') }}", "True|False|False"),
     ];
     let t = thing("a", "x", "g");
     for (template, expected) in cases {

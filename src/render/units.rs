@@ -647,6 +647,17 @@ fn undo(scope: &Scope, undo: Undo) {
     }
 }
 
+/// The render's stores and `current_config`, for engine functions that read them natively
+/// (they record their reads with `note_store_read` / `note_current_read`).
+pub(super) fn with_inputs<R>(
+    f: impl FnOnce(
+        &std::collections::BTreeMap<String, Arc<Store>>,
+        Option<Arc<super::current_config::CurrentConfig>>,
+    ) -> R,
+) -> Option<R> {
+    SCOPE.with(|s| s.borrow().as_ref().map(|s| f(&s.stores, s.current.clone())))
+}
+
 fn with_scope<R>(f: impl FnOnce(&mut Scope) -> R) -> Option<R> {
     SCOPE.with(|s| s.borrow_mut().as_mut().map(f))
 }
