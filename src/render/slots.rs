@@ -56,6 +56,12 @@ impl Range {
     }
 
     fn contains(&self, ip: &IpAddr) -> bool {
+        // An IPv4 range also matches the IPv4-mapped IPv6 form of its addresses.
+        if let (IpAddr::V6(v6), IpAddr::V4(_)) = (ip, &self.net) {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return self.contains(&IpAddr::V4(v4));
+            }
+        }
         let bits = |ip: &IpAddr| -> Option<u128> {
             match (ip, &self.net) {
                 (IpAddr::V4(a), IpAddr::V4(_)) => Some((u32::from(*a) as u128) << 96),
@@ -84,7 +90,9 @@ fn text(v: Option<&serde_json::Value>) -> &str {
     v.and_then(serde_json::Value::as_str).unwrap_or("")
 }
 
-/// `server_lines(be_name, svc_ns, svc_name, svc_port, slots=N, refuse=[CIDR, …])`.
+/// `server_lines(be_name, svc_ns, svc_name, svc_port, slots=N, default_slots=N, refuse=[CIDR, …])`:
+/// `slots` is a per-backend pool size from tenant data (1–1024, refused otherwise); without it
+/// `default_slots` (the admin's `server_slots`) applies.
 pub fn server_lines(
     be_name: &str,
     svc_ns: &str,
@@ -92,9 +100,30 @@ pub fn server_lines(
     svc_port: Value,
     options: Kwargs,
 ) -> Result<Value, Error> {
-    let slots_min: Value = options.get::<Option<Value>>("slots")?.unwrap_or_default();
+    let slots: Option<Value> = options
+        .get::<Option<Value>>("slots")?
+        .filter(|v| !v.is_undefined() && !v.is_none());
+    let default_slots: Option<Value> = options.get("default_slots")?;
     let refuse_ranges: Option<Value> = options.get("refuse")?;
     options.assert_all_used()?;
+    let slots_min = match slots {
+        Some(v) => {
+            let n = i64::try_from(v.clone())
+                .ok()
+                .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()));
+            match n {
+                Some(n) if (1..=1024).contains(&n) => n as usize,
+                _ => return Err(invalid(format!(
+                    "server pool size (scale-server-slots): {v:?} is not an integer from 1 to 1024"
+                ))
+                .with_source(super::safe::RefusalMarker)),
+            }
+        }
+        None => default_slots
+            .and_then(|v| i64::try_from(v).ok())
+            .unwrap_or(10)
+            .clamp(1, 65536) as usize,
+    };
     for (what, v) in [
         ("backend", be_name),
         ("namespace", svc_ns),
@@ -119,11 +148,6 @@ pub fn server_lines(
             .collect::<Result<_, _>>()?,
         _ => Vec::new(),
     };
-    let slots_min = i64::try_from(slots_min.clone())
-        .ok()
-        .or_else(|| slots_min.as_str().and_then(|s| s.parse().ok()))
-        .unwrap_or(10)
-        .clamp(1, 65536) as usize;
     let keys = [svc_ns.to_string(), svc_name.to_string()];
     let (service, slices, current) = units::with_inputs(|stores, current| {
         let service = stores
@@ -155,6 +179,8 @@ pub fn server_lines(
     });
 
     let mut endpoints: Vec<String> = Vec::new();
+    let (mut bad_addrs, mut bad_ports) = (0, 0);
+    let mut refused: Vec<IpAddr> = Vec::new();
     if let Some(port_name) = &port_name {
         let found: Vec<Arc<serde_json::Value>> = slices
             .as_ref()
@@ -165,16 +191,23 @@ pub fn server_lines(
             if text(slice.get("addressType")) == "FQDN" {
                 continue;
             }
-            let port = slice
+            let Some(port) = slice
                 .get("ports")
                 .and_then(serde_json::Value::as_array)
                 .into_iter()
                 .flatten()
                 .find(|p| text(p.get("name")) == port_name)
-                .and_then(|p| p.get("port"))
+            else {
+                continue;
+            };
+            let Some(port) = port
+                .get("port")
                 .and_then(serde_json::Value::as_u64)
-                .filter(|p| (1..=65535).contains(p));
-            let Some(port) = port else { continue };
+                .filter(|p| (1..=65535).contains(p))
+            else {
+                bad_ports += 1;
+                continue;
+            };
             for ep in slice
                 .get("endpoints")
                 .and_then(serde_json::Value::as_array)
@@ -189,12 +222,15 @@ pub fn server_lines(
                     .and_then(serde_json::Value::as_array)
                     .into_iter()
                     .flatten()
-                    .filter_map(serde_json::Value::as_str)
                 {
-                    let Ok(ip) = addr.parse::<IpAddr>() else {
+                    let Some(ip) = addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()) else {
+                        bad_addrs += 1;
                         continue;
                     };
                     if ranges.iter().any(|r| r.contains(&ip)) {
+                        if !refused.contains(&ip) {
+                            refused.push(ip);
+                        }
                         continue;
                     }
                     // The address as written when it is canonical, so keys match current_config.
@@ -254,6 +290,21 @@ pub fn server_lines(
             "\n  # service {svc_ns}/{svc_name} has no port {port_text}: every slot is a placeholder"
         ));
     }
+    if bad_addrs > 0 {
+        out.push_str(&format!(
+            "\n  # {bad_addrs} endpoint address(es) left out: not an IPv4/IPv6 address"
+        ));
+    }
+    if bad_ports > 0 {
+        out.push_str(&format!(
+            "\n  # {bad_ports} EndpointSlice(s) left out: port not in 1-65535"
+        ));
+    }
+    for ip in &refused {
+        out.push_str(&format!(
+            "\n  # endpoint {ip} refused by refuse_endpoint_ranges"
+        ));
+    }
     for (i, slot) in slots.iter().enumerate().skip(1) {
         let key = slot.clone().or_else(|| free.next().cloned());
         match key {
@@ -292,5 +343,8 @@ mod tests {
             .contains(&"10.0.0.1".parse().unwrap()));
         assert!(Range::parse("10.0.0.0/33").is_err());
         assert!(Range::parse("x").is_err());
+        assert!(Range::parse("127.0.0.0/8")
+            .unwrap()
+            .contains(&"::ffff:127.0.0.5".parse().unwrap()));
     }
 }
