@@ -368,3 +368,100 @@ fn fixtures_layout_and_haproxy_pods_from_manifests() {
         text(&out.stderr)
     );
 }
+
+/// Hostile configs end in a clear error (exit 1, never a panic), with the field path where there
+/// is one. No timing is asserted here; docs/operations.md ("Config limits") has the bounds.
+#[test]
+fn hostile_configs_are_refused_with_clear_errors() {
+    let dir = TempDir::new("hostile");
+    let write = |name: &str, content: &str| {
+        let path = dir.0.join(name);
+        std::fs::write(&path, content).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let outdir = dir.0.join("out");
+    let outdir = outdir.to_str().unwrap();
+    // Each file is checked alone, then merged after the shipped example.
+    let refused = |path: &str, want: &str| {
+        for args in [
+            vec!["validate", "-f", path],
+            vec!["render", "-f", path, "-o", outdir],
+            vec!["validate", "-f", EXAMPLE, "-f", path],
+        ] {
+            let out = haptic(&args);
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+            assert!(
+                stderr.contains(want),
+                "{args:?}: want {want:?} in:\n{stderr}"
+            );
+            assert!(!stderr.contains("panicked"), "{stderr}");
+        }
+    };
+
+    // 100,000 levels of nesting (200 KB), as YAML flow and as JSON.
+    let deep = format!("a: {}{}\n", "[".repeat(100_000), "]".repeat(100_000));
+    refused(
+        &write("deep.yaml", &deep),
+        "deep.yaml: nested deeper than 64 levels at line 1 column 67",
+    );
+    let deep_json = format!(
+        "{{\"a\": {}{}}}",
+        "{\"b\": ".repeat(100_000),
+        "}".repeat(100_000)
+    );
+    refused(
+        &write("deep.json", &deep_json),
+        "nested deeper than 64 levels",
+    );
+
+    // Billion laughs: nine levels of nine aliases.
+    let mut bomb = String::from("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+    for (prev, c) in "abcdefgh".chars().zip("bcdefghi".chars()) {
+        bomb.push_str(&format!(
+            "{c}: &{c} [{}]\n",
+            vec![format!("*{prev}"); 9].join(", ")
+        ));
+    }
+    refused(&write("bomb.yaml", &bomb), "an alias bomb?");
+
+    // Absurd durations and numbers name their field (merged over the example, which is valid).
+    let with = |extra: &str| format!("{extra}\n");
+    let refused = |path: &str, want: &str| {
+        let out = haptic(&["validate", "-f", EXAMPLE, "-f", path]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{path}: {stderr}");
+        assert!(stderr.contains(want), "{path}: want {want:?} in:\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    };
+    refused(
+        &write(
+            "debounce.yaml",
+            &with("controller: {reconciliation: {debounceInterval: 99999999999999999999999h}}"),
+        ),
+        "spec.controller.reconciliation.debounceInterval: duration \"99999999999999999999999h\" is too large",
+    );
+    refused(
+        &write(
+            "lease.yaml",
+            &with("controller: {leaderElection: {leaseDuration: 9223372036854775807s}}"),
+        ),
+        "spec.controller.leaderElection.leaseDuration: duration \"9223372036854775807s\" is too large",
+    );
+    refused(
+        &write("timeout.yaml", &with("dataplane: {deploymentTimeout: -5s}")),
+        "spec.dataplane.deploymentTimeout: duration \"-5s\" is negative",
+    );
+    refused(
+        &write("port.yaml", &with("dataplane: {port: 99999999999}")),
+        "spec.dataplane.port: must be between 1 and 65535, got 99999999999",
+    );
+    refused(
+        &write("parallel.yaml", &with("dataplane: {maxParallel: 1e400}")),
+        "spec.dataplane.maxParallel: invalid type",
+    );
+    refused(
+        &write("inf.yaml", &with("dataplane: {maxParallel: .inf}")),
+        ".inf at line 1 column 26 is not a finite number",
+    );
+}

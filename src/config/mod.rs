@@ -14,8 +14,15 @@
 //!   never concatenated);
 //! * a fragment may be a full manifest (`apiVersion`, `kind`, `metadata`, `spec`) or a bare spec;
 //!   specs merge with specs and metadata with metadata.
+//!
+//! # Limits
+//!
+//! Input is bounded before it is deserialized ([`input`]): file size, nesting depth and alias
+//! expansion; every duration and number has a range ([`model::DURATION_FIELDS`],
+//! [`model::INT_FIELDS`]). docs/operations.md lists them all.
 
 pub mod duration;
+pub mod input;
 pub mod model;
 pub mod validate;
 
@@ -70,6 +77,10 @@ pub struct ConfigDocument {
 impl ConfigDocument {
     /// Parses the raw spec into the typed model, with the field path in any type error.
     pub fn typed_spec(&self, source: &str) -> Result<Spec, ConfigError> {
+        input::check_depth(&self.spec, "spec").map_err(|message| ConfigError::Parse {
+            source: source.to_string(),
+            message,
+        })?;
         serde_path_to_error::deserialize::<_, Spec>(&self.spec).map_err(|e| {
             let path = e.path().to_string();
             let path = if path == "." {
@@ -140,9 +151,14 @@ pub fn merge_values(base: &mut Value, overlay: Value) {
     }
 }
 
-/// Splits a YAML text into config fragments (one per non-empty document).
+/// Splits a YAML text into config fragments (one per non-empty document). Text over the
+/// [`input`] limits is refused before it is deserialized.
 pub fn parse_fragments(text: &str, source: &str) -> Result<Vec<ConfigDocument>, ConfigError> {
     use serde::Deserialize;
+    input::check_yaml(text).map_err(|message| ConfigError::Parse {
+        source: source.to_string(),
+        message,
+    })?;
     let mut fragments = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let value = Value::deserialize(doc).map_err(|e| ConfigError::Parse {
@@ -214,7 +230,7 @@ pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ConfigDocument, ConfigE
     for path in paths {
         let path = path.as_ref();
         let source = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
+        let text = read_limited(path).map_err(|error| ConfigError::Read {
             path: source.clone(),
             error,
         })?;
@@ -223,6 +239,34 @@ pub fn load_files<P: AsRef<Path>>(paths: &[P]) -> Result<ConfigDocument, ConfigE
         }
     }
     Ok(merged)
+}
+
+/// Reads a file of at most [`input::MAX_INPUT_BYTES`] without reading more than that (the
+/// path may be a pipe or a device that never ends).
+fn read_limited(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path)?;
+    let too_large = |len: usize| std::io::Error::other(input::too_large(len));
+    if let Ok(meta) = file.metadata() {
+        if meta.is_file() && meta.len() > input::MAX_INPUT_BYTES as u64 {
+            return Err(too_large(usize::try_from(meta.len()).unwrap_or(usize::MAX)));
+        }
+    }
+    let mut bytes = Vec::new();
+    file.take(input::MAX_INPUT_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() > input::MAX_INPUT_BYTES {
+        return Err(std::io::Error::other(format!(
+            "more than the {} MiB a config file may have",
+            input::MAX_INPUT_BYTES >> 20
+        )));
+    }
+    String::from_utf8(bytes).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "stream did not contain valid UTF-8",
+        )
+    })
 }
 
 /// Names the sources for messages: `a.yaml` or `a.yaml + b.yaml`.

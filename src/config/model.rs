@@ -2,7 +2,8 @@
 //! defaults users can rely on applied by the accessor methods.
 //!
 //! Durations stay strings here so that [`super::validate`] can report every bad one with its
-//! field path; the accessors parse them after validation succeeded.
+//! field path; the accessors parse them after validation succeeded. Every duration and number
+//! has a documented range ([`DURATION_FIELDS`], [`INT_FIELDS`], docs/operations.md).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -234,15 +235,149 @@ pub struct DataplanePaths {
     pub general_storage_dir: String,
 }
 
+/// A duration field with its default and its allowed range (inclusive). The ranges are listed in
+/// docs/operations.md ("Config limits"); a unit test keeps that table in step with this code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationField {
+    pub path: &'static str,
+    pub default: Duration,
+    pub min: Duration,
+    pub max: Duration,
+}
+
+/// An integer field with its default (if any) and its allowed range (inclusive).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IntField {
+    pub path: &'static str,
+    pub default: Option<i64>,
+    pub min: i64,
+    pub max: i64,
+}
+
+const fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+const fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+pub const LEASE_DURATION: DurationField = DurationField {
+    path: "spec.controller.leaderElection.leaseDuration",
+    default: secs(15),
+    min: secs(2),
+    max: secs(3600),
+};
+pub const RENEW_DEADLINE: DurationField = DurationField {
+    path: "spec.controller.leaderElection.renewDeadline",
+    default: secs(10),
+    min: secs(1),
+    max: secs(3600),
+};
+pub const RETRY_PERIOD: DurationField = DurationField {
+    path: "spec.controller.leaderElection.retryPeriod",
+    default: secs(2),
+    min: millis(100),
+    max: secs(600),
+};
+pub const DEBOUNCE_INTERVAL: DurationField = DurationField {
+    path: "spec.controller.reconciliation.debounceInterval",
+    default: millis(100),
+    min: Duration::ZERO,
+    max: secs(60),
+};
+pub const MIN_DEPLOYMENT_INTERVAL: DurationField = DurationField {
+    path: "spec.dataplane.minDeploymentInterval",
+    default: secs(2),
+    min: Duration::ZERO,
+    max: secs(600),
+};
+pub const DRIFT_PREVENTION_INTERVAL: DurationField = DurationField {
+    path: "spec.dataplane.driftPreventionInterval",
+    default: secs(60),
+    min: secs(1),
+    max: secs(24 * 3600),
+};
+pub const DEPLOYMENT_TIMEOUT: DurationField = DurationField {
+    path: "spec.dataplane.deploymentTimeout",
+    default: secs(30),
+    min: secs(1),
+    max: secs(600),
+};
+
+/// Every duration in the config.
+pub const DURATION_FIELDS: [DurationField; 7] = [
+    LEASE_DURATION,
+    RENEW_DEADLINE,
+    RETRY_PERIOD,
+    DEBOUNCE_INTERVAL,
+    MIN_DEPLOYMENT_INTERVAL,
+    DRIFT_PREVENTION_INTERVAL,
+    DEPLOYMENT_TIMEOUT,
+];
+
+pub const DATAPLANE_PORT: IntField = IntField {
+    path: "spec.dataplane.port",
+    default: Some(5555),
+    min: 1,
+    max: 65535,
+};
+pub const COMPRESSION_THRESHOLD: IntField = IntField {
+    path: "spec.controller.configPublishing.compressionThreshold",
+    default: Some(1_048_576),
+    min: 0,
+    max: 1 << 30,
+};
+pub const MAX_PARALLEL: IntField = IntField {
+    path: "spec.dataplane.maxParallel",
+    default: Some(0),
+    min: 0,
+    max: 10_000,
+};
+pub const RAW_PUSH_THRESHOLD: IntField = IntField {
+    path: "spec.dataplane.rawPushThreshold",
+    default: None,
+    min: 0,
+    max: 1_000_000,
+};
+/// `expected` of a `match_count` assertion (the path names one assertion of one test).
+pub const MATCH_COUNT_EXPECTED: IntField = IntField {
+    path: "spec.validationTests.<test>.assertions[<i>].expected",
+    default: None,
+    min: 0,
+    max: 1_000_000_000,
+};
+
+/// Every number in the config.
+pub const INT_FIELDS: [IntField; 5] = [
+    DATAPLANE_PORT,
+    COMPRESSION_THRESHOLD,
+    MAX_PARALLEL,
+    RAW_PUSH_THRESHOLD,
+    MATCH_COUNT_EXPECTED,
+];
+
 pub const DEFAULT_DATAPLANE_PORT: u16 = 5555;
 
-fn duration_or(value: &Option<String>, default: Duration) -> Duration {
-    // Validation has rejected unparsable values before accessors are used; a value that still
-    // fails to parse here falls back rather than panicking.
-    value
-        .as_deref()
-        .and_then(|v| parse_duration(v).ok())
-        .unwrap_or(default)
+impl DurationField {
+    /// The value when set, valid and in range; else the default. Validation has refused
+    /// anything else before accessors are used; this keeps an unvalidated spec harmless too.
+    pub fn get(&self, value: &Option<String>) -> Duration {
+        value
+            .as_deref()
+            .and_then(|v| parse_duration(v).ok())
+            .filter(|d| (self.min..=self.max).contains(d))
+            .unwrap_or(self.default)
+    }
+}
+
+impl IntField {
+    /// The value when set and in range; else the default (`None` when the field has none).
+    pub fn get(&self, value: Option<i64>) -> Option<i64> {
+        value
+            .filter(|v| (self.min..=self.max).contains(v))
+            .or(self.default)
+    }
 }
 
 impl Spec {
@@ -257,61 +392,41 @@ impl Spec {
             .unwrap_or_else(|| "haptic-leader".into())
     }
     pub fn lease_duration(&self) -> Duration {
-        duration_or(
-            &self.controller.leader_election.lease_duration,
-            Duration::from_secs(15),
-        )
+        LEASE_DURATION.get(&self.controller.leader_election.lease_duration)
     }
     pub fn renew_deadline(&self) -> Duration {
-        duration_or(
-            &self.controller.leader_election.renew_deadline,
-            Duration::from_secs(10),
-        )
+        RENEW_DEADLINE.get(&self.controller.leader_election.renew_deadline)
     }
     pub fn retry_period(&self) -> Duration {
-        duration_or(
-            &self.controller.leader_election.retry_period,
-            Duration::from_secs(2),
-        )
+        RETRY_PERIOD.get(&self.controller.leader_election.retry_period)
     }
     pub fn debounce_interval(&self) -> Duration {
-        duration_or(
-            &self.controller.reconciliation.debounce_interval,
-            Duration::from_millis(100),
-        )
+        DEBOUNCE_INTERVAL.get(&self.controller.reconciliation.debounce_interval)
     }
     pub fn compression_threshold(&self) -> i64 {
-        self.controller
-            .config_publishing
-            .compression_threshold
+        COMPRESSION_THRESHOLD
+            .get(self.controller.config_publishing.compression_threshold)
             .unwrap_or(1_048_576)
     }
     pub fn dataplane_port(&self) -> u16 {
-        self.dataplane
-            .port
+        DATAPLANE_PORT
+            .get(self.dataplane.port)
             .and_then(|p| u16::try_from(p).ok())
             .unwrap_or(DEFAULT_DATAPLANE_PORT)
     }
     pub fn min_deployment_interval(&self) -> Duration {
-        duration_or(
-            &self.dataplane.min_deployment_interval,
-            Duration::from_secs(2),
-        )
+        MIN_DEPLOYMENT_INTERVAL.get(&self.dataplane.min_deployment_interval)
     }
     pub fn drift_prevention_interval(&self) -> Duration {
-        duration_or(
-            &self.dataplane.drift_prevention_interval,
-            Duration::from_secs(60),
-        )
+        DRIFT_PREVENTION_INTERVAL.get(&self.dataplane.drift_prevention_interval)
     }
     pub fn deployment_timeout(&self) -> Duration {
-        duration_or(&self.dataplane.deployment_timeout, Duration::from_secs(30))
+        DEPLOYMENT_TIMEOUT.get(&self.dataplane.deployment_timeout)
     }
     pub fn max_parallel(&self) -> usize {
-        self.dataplane
-            .max_parallel
-            .filter(|n| *n > 0)
-            .map(|n| n as usize)
+        MAX_PARALLEL
+            .get(self.dataplane.max_parallel)
+            .and_then(|n| usize::try_from(n).ok())
             .unwrap_or(0)
     }
     pub fn dataplane_paths(&self) -> DataplanePaths {

@@ -5,8 +5,15 @@
 
 use std::fmt;
 
-use super::duration::parse_duration;
-use super::model::{OutputTemplate, Spec, HAPROXY_PODS};
+use std::time::Duration;
+
+use super::duration::{format_duration, parse_duration};
+use super::model::{
+    DurationField, IntField, OutputTemplate, Spec, COMPRESSION_THRESHOLD, DATAPLANE_PORT,
+    DEBOUNCE_INTERVAL, DEPLOYMENT_TIMEOUT, DRIFT_PREVENTION_INTERVAL, HAPROXY_PODS, LEASE_DURATION,
+    MATCH_COUNT_EXPECTED, MAX_PARALLEL, MIN_DEPLOYMENT_INTERVAL, RAW_PUSH_THRESHOLD,
+    RENEW_DEADLINE, RETRY_PERIOD,
+};
 use crate::store::path::PathExpr;
 use crate::store::selector::{FieldSelector, LabelSelector};
 
@@ -34,13 +41,37 @@ impl Problems {
         });
     }
 
-    fn duration(&mut self, path: &str, value: &Option<String>) -> Option<std::time::Duration> {
-        let text = value.as_deref()?;
+    /// Checks a duration field against its range. Returns the effective value (the default
+    /// when unset), or `None` after reporting a problem.
+    fn duration(&mut self, field: &DurationField, value: &Option<String>) -> Option<Duration> {
+        let Some(text) = value.as_deref() else {
+            return Some(field.default);
+        };
+        let (min, max) = (format_duration(field.min), format_duration(field.max));
         match parse_duration(text) {
-            Ok(d) => Some(d),
-            Err(e) => {
-                self.add(path, e);
+            Ok(d) if (field.min..=field.max).contains(&d) => Some(d),
+            Ok(_) => {
+                self.add(
+                    field.path,
+                    format!("{text:?} is out of range: must be between {min} and {max}"),
+                );
                 None
+            }
+            Err(e) => {
+                self.add(field.path, format!("{e}; this field allows {min} to {max}"));
+                None
+            }
+        }
+    }
+
+    /// Checks an integer field against its range.
+    fn int(&mut self, field: &IntField, path: &str, value: Option<i64>) {
+        if let Some(v) = value {
+            if !(field.min..=field.max).contains(&v) {
+                self.add(
+                    path,
+                    format!("must be between {} and {}, got {v}", field.min, field.max),
+                );
             }
         }
     }
@@ -84,21 +115,19 @@ pub fn validate_spec(spec: &Spec) -> Result<(), Vec<FieldError>> {
 
     let le = &spec.controller.leader_election;
     let base = "spec.controller.leaderElection";
-    let lease = p.duration(&format!("{base}.leaseDuration"), &le.lease_duration);
-    let renew = p.duration(&format!("{base}.renewDeadline"), &le.renew_deadline);
-    let retry = p.duration(&format!("{base}.retryPeriod"), &le.retry_period);
-    if lease.is_some() || renew.is_some() || retry.is_some() {
-        let (lease, renew, retry) = (
-            spec.lease_duration(),
-            spec.renew_deadline(),
-            spec.retry_period(),
-        );
+    let lease = p.duration(&LEASE_DURATION, &le.lease_duration);
+    let renew = p.duration(&RENEW_DEADLINE, &le.renew_deadline);
+    let retry = p.duration(&RETRY_PERIOD, &le.retry_period);
+    // The order is checked only between values that are themselves valid (or defaults).
+    if let (Some(lease), Some(renew)) = (lease, renew) {
         if renew >= lease {
             p.add(
                 format!("{base}.renewDeadline"),
                 "must be shorter than leaseDuration",
             );
         }
+    }
+    if let (Some(renew), Some(retry)) = (renew, retry) {
         if retry >= renew {
             p.add(
                 format!("{base}.retryPeriod"),
@@ -112,20 +141,14 @@ pub fn validate_spec(spec: &Spec) -> Result<(), Vec<FieldError>> {
         }
     }
     p.duration(
-        "spec.controller.reconciliation.debounceInterval",
+        &DEBOUNCE_INTERVAL,
         &spec.controller.reconciliation.debounce_interval,
     );
-    if spec
-        .controller
-        .config_publishing
-        .compression_threshold
-        .is_some_and(|t| t < 0)
-    {
-        p.add(
-            "spec.controller.configPublishing.compressionThreshold",
-            "must be >= 0",
-        );
-    }
+    p.int(
+        &COMPRESSION_THRESHOLD,
+        COMPRESSION_THRESHOLD.path,
+        spec.controller.config_publishing.compression_threshold,
+    );
 
     if let Some(level) = &spec.logging.level {
         let known = ["", "TRACE", "DEBUG", "INFO", "WARN", "ERROR"];
@@ -166,24 +189,16 @@ pub fn validate_spec(spec: &Spec) -> Result<(), Vec<FieldError>> {
 
 fn check_dataplane(spec: &Spec, p: &mut Problems) {
     let d = &spec.dataplane;
-    if d.port.is_some_and(|port| !(1..=65535).contains(&port)) {
-        p.add("spec.dataplane.port", "must be between 1 and 65535");
-    }
-    p.duration(
-        "spec.dataplane.minDeploymentInterval",
-        &d.min_deployment_interval,
+    p.int(&DATAPLANE_PORT, DATAPLANE_PORT.path, d.port);
+    p.duration(&MIN_DEPLOYMENT_INTERVAL, &d.min_deployment_interval);
+    p.duration(&DRIFT_PREVENTION_INTERVAL, &d.drift_prevention_interval);
+    p.duration(&DEPLOYMENT_TIMEOUT, &d.deployment_timeout);
+    p.int(&MAX_PARALLEL, MAX_PARALLEL.path, d.max_parallel);
+    p.int(
+        &RAW_PUSH_THRESHOLD,
+        RAW_PUSH_THRESHOLD.path,
+        d.raw_push_threshold,
     );
-    p.duration(
-        "spec.dataplane.driftPreventionInterval",
-        &d.drift_prevention_interval,
-    );
-    p.duration("spec.dataplane.deploymentTimeout", &d.deployment_timeout);
-    if d.max_parallel.is_some_and(|n| n < 0) {
-        p.add("spec.dataplane.maxParallel", "must be >= 0");
-    }
-    if d.raw_push_threshold.is_some_and(|n| n < 0) {
-        p.add("spec.dataplane.rawPushThreshold", "must be >= 0");
-    }
     let paths = spec.dataplane_paths();
     let fields = [
         ("configFile", &paths.config_file),
@@ -466,12 +481,19 @@ fn check_assertion(p: &mut Problems, path: &str, a: &super::model::Assertion) {
         "equals" if a.expected.is_none() => p.add(format!("{path}.expected"), "is required"),
         "match_count" => {
             let n = a.expected.as_ref().and_then(|e| match e {
-                serde_yaml::Value::Number(n) => n.as_u64(),
-                serde_yaml::Value::String(s) => s.trim().parse().ok(),
+                serde_yaml::Value::Number(n) => n.as_i64(),
+                serde_yaml::Value::String(s) => s.trim().parse::<i64>().ok(),
                 _ => None,
             });
-            if n.is_none() {
-                p.add(format!("{path}.expected"), "must be a non-negative integer");
+            match n {
+                None => p.add(
+                    format!("{path}.expected"),
+                    format!(
+                        "must be an integer between {} and {}",
+                        MATCH_COUNT_EXPECTED.min, MATCH_COUNT_EXPECTED.max
+                    ),
+                ),
+                Some(n) => p.int(&MATCH_COUNT_EXPECTED, &format!("{path}.expected"), Some(n)),
             }
         }
         _ => {}
