@@ -38,6 +38,13 @@ fn median(runs: usize, mut f: impl FnMut() -> Duration) -> Duration {
 }
 
 fn main() {
+    // RUST_LOG=debug prints per-template and per-unit-template timings of every render.
+    if let Some(level) = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|l| haptic::logger::parse_level(&l))
+    {
+        haptic::logger::init(level);
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     std::env::set_current_dir(root).expect("repository root");
     let sizes: Vec<usize> = std::env::args()

@@ -113,10 +113,12 @@ pub fn server_lines(
                 .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()));
             match n {
                 Some(n) if (1..=1024).contains(&n) => n as usize,
-                _ => return Err(invalid(format!(
+                _ => {
+                    return Err(invalid(format!(
                     "server pool size (scale-server-slots): {v:?} is not an integer from 1 to 1024"
                 ))
-                .with_source(super::safe::RefusalMarker)),
+                    .with_source(super::safe::RefusalMarker))
+                }
             }
         }
         None => default_slots

@@ -201,11 +201,11 @@ struct Frame {
     wrote: HashSet<String>,
 }
 
-/// One memoized unit.
+/// One memoized unit (recording and outcome shared: a replay clones pointers, not text).
 struct Entry {
     args: Vec<(String, Value)>,
-    rec: Recording,
-    outcome: Result<String, String>,
+    rec: Arc<Recording>,
+    outcome: Arc<Result<String, String>>,
     generation: u64,
     /// Part of a render whose configuration passed `haproxy -c`.
     validated: bool,
@@ -734,8 +734,10 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
         if name == "key" {
             continue;
         }
+        // Compared as they are against a memoized unit's (frozen) arguments; frozen only when
+        // a fresh recording is stored.
         let v: Value = kwargs.get(name)?;
-        args.push((name.to_string(), freeze(&v)));
+        args.push((name.to_string(), v));
     }
     let owner = owner_value.as_ref().and_then(Owner::from_value);
     let key = match (key, &owner) {
@@ -792,7 +794,7 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
     let outcome = match result {
         Ok(text) => Ok(text),
         Err(err) if is_unit_fault(&err) => {
-            let e = super::RenderError::from_minijinja(template, &err, 0);
+            let e = super::RenderError::from_minijinja(template, &err, super::DEFAULT_FUEL);
             Err(if e.from_fail || e.line.is_none() {
                 e.message
             } else {
@@ -861,7 +863,7 @@ fn try_replay(
     if !same_args(&e.args, args) || !e.rec.reads.iter().all(|r| still_true(s, r)) {
         return None;
     }
-    let (rec, outcome) = (e.rec.clone(), e.outcome.clone());
+    let (rec, outcome) = (Arc::clone(&e.rec), Arc::clone(&e.outcome));
     s.touch(ukey);
     for child in &rec.children {
         s.touch(child);
@@ -873,7 +875,7 @@ fn try_replay(
             parent.rec.children.extend(rec.children.iter().cloned());
         }
     });
-    match outcome {
+    match &*outcome {
         Ok(text) => {
             for effect in &rec.effects {
                 if let Err(e) = replay(s, effect) {
@@ -883,10 +885,10 @@ fn try_replay(
             s.note_files(&rec, owner);
             s.cache.stats.replayed += 1;
             let fresh = !s.cache.entries.get(ukey).is_some_and(|e| e.validated);
-            Some(Ok(s.instance(ukey, owner, fresh, &text)))
+            Some(Ok(s.instance(ukey, owner, fresh, text)))
         }
         Err(message) => {
-            s.drop_owner(owner, message);
+            s.drop_owner(owner, message.clone());
             Some(Ok(Value::from_safe_string(String::new())))
         }
     }
@@ -980,9 +982,9 @@ impl Scope {
         self.cache.entries.insert(
             ukey,
             Entry {
-                args,
-                rec,
-                outcome,
+                args: args.iter().map(|(k, v)| (k.clone(), freeze(v))).collect(),
+                rec: Arc::new(rec),
+                outcome: Arc::new(outcome),
                 generation,
                 validated: false,
             },
