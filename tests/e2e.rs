@@ -370,7 +370,7 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
     assert!(!ok, "the webhook must deny: {out}");
     assert!(
         out.contains("denied the request")
-            && out.contains("haproxy.org/timeout-server: banana is not a duration"),
+            && out.contains("Ingress default/bad: annotation haproxy.org/timeout-server: \"banana\" is not a time"),
         "{out}"
     );
     let (ok, out) = c.kubectl(
@@ -390,6 +390,65 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
         "{text}"
     );
     assert!(metric_value(&text, "haptic_webhook_requests_total{result=\"allowed\"}") >= 1.0);
+}
+
+#[test]
+fn a_tenants_bad_ingress_is_left_out_and_other_changes_keep_flowing() {
+    let (c, _web) = routed_cluster(false);
+    // Without the webhook the bad objects reach the store: one with a header name that would
+    // comment out its scoping condition, one claiming a host another namespace owns.
+    let attacker = "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: evil\n  namespace: tenant-a\n  annotations:\n    haproxy.org/request-set-header: \"X-Evil\\t#  value\"\n\
+         spec:\n  ingressClassName: haproxy\n  rules:\n  - host: evil.example.com\n    http:\n      paths:\n      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}\n\
+         ---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: thief, namespace: tenant-b}\n\
+         spec:\n  ingressClassName: haproxy\n  rules:\n  - host: web.example.com\n    http:\n      paths:\n      - {path: /admin, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}\n";
+    for ns in ["tenant-a", "tenant-b"] {
+        let (ok, out) = c.kubectl(&["create", "namespace", ns], None);
+        assert!(ok, "{out}");
+    }
+    let (ok, out) = c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(attacker));
+    assert!(ok, "{out}");
+    // A good change in another namespace still reaches traffic.
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("good", "good.example.com", "web", "")),
+    );
+    assert!(ok, "{out}");
+    c.wait_route("good.example.com", "/", 200, "web-1", DEADLINE);
+    c.wait_route("evil.example.com", "/", 404, "", DEADLINE);
+    // The victim's host is not taken: /admin is still served by the victim's route.
+    c.wait_route("web.example.com", "/admin", 200, "web-1", DEADLINE);
+    // The Rendered condition stays True (the configuration is fine); each attacker gets a
+    // Warning event naming the reason, and the leader counts them.
+    wait_for("Rendered=True", DEADLINE, || {
+        c.condition("Rendered").is_some_and(|(s, _)| s == "True")
+    });
+    wait_for("Warning events on the refused Ingresses", DEADLINE, || {
+        let (_, a) = c.kubectl(&["get", "events", "-n", "tenant-a", "-o", "json"], None);
+        let (_, b) = c.kubectl(&["get", "events", "-n", "tenant-b", "-o", "json"], None);
+        a.contains("LeftOutOfConfiguration")
+            && a.contains("haproxy.org/request-set-header")
+            && b.contains("LeftOutOfConfiguration")
+            && b.contains("belongs to namespace default")
+    });
+    wait_for("a leader", DEADLINE, || c.leader_index().is_some());
+    let leader = c.leader_index().unwrap();
+    wait_for("haptic_dropped_objects 2", DEADLINE, || {
+        metric_value(&metrics(&c, leader), "haptic_dropped_objects") == 2.0
+    });
+    // Fixed, the object is served.
+    let fixed = attacker
+        .split("---")
+        .next()
+        .unwrap()
+        .replace("X-Evil\\t#  value", "X-Team blue");
+    let (ok, out) = c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(&fixed));
+    assert!(ok, "{out}");
+    // Routed now: its Service is looked up in its own namespace, where there is none, so
+    // HAProxy answers 503 (the other namespace's `web` is never used).
+    c.wait_route("evil.example.com", "/", 503, "", DEADLINE);
+    wait_for("haptic_dropped_objects 1", DEADLINE, || {
+        metric_value(&metrics(&c, leader), "haptic_dropped_objects") == 1.0
+    });
 }
 
 #[test]
