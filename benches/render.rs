@@ -56,7 +56,12 @@ fn main() {
     } else {
         sizes
     };
-    let spec = haptic::config::load_files(&LIBRARIES)
+    // HAPTIC_BENCH_LIBRARIES=a.yaml,b.yaml renders through other fragments (to find where time goes).
+    let libraries: Vec<String> = match std::env::var("HAPTIC_BENCH_LIBRARIES") {
+        Ok(list) => list.split(',').map(str::to_string).collect(),
+        Err(_) => LIBRARIES.iter().map(|s| s.to_string()).collect(),
+    };
+    let spec = haptic::config::load_files(&libraries)
         .and_then(|d| d.valid_spec("libraries"))
         .expect("the six libraries load");
     let engine = Engine::new(&spec).expect("the libraries compile");
@@ -87,6 +92,19 @@ fn main() {
             base_dir: None,
         };
 
+        // HAPTIC_BENCH_PROFILE=N: only N unchanged renders (for a profiler), then stop.
+        if let Some(runs) = std::env::var("HAPTIC_BENCH_PROFILE")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            let mut cache = RenderCache::new();
+            for _ in 0..=runs {
+                engine
+                    .render_cached(&inputs(stores.clone()), &mut cache)
+                    .expect("render");
+            }
+            return;
+        }
         let full = median(3, || {
             let started = Instant::now();
             engine.render(&inputs(stores.clone())).expect("render");
@@ -97,6 +115,7 @@ fn main() {
             .render_cached(&inputs(stores.clone()), &mut cache)
             .expect("render");
         let units = cache.stats.rendered;
+
         let unchanged = median(5, || {
             let started = Instant::now();
             engine

@@ -2,7 +2,7 @@
 //! `current_config`. One set is created for each render and shared by `haproxy.cfg` and every
 //! auxiliary template of that render.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::lock;
@@ -271,8 +271,8 @@ impl Object for FileRegistry {
 /// reads inside render units are recorded (see `units`).
 #[derive(Debug, Default)]
 pub struct Shared {
-    values: Mutex<BTreeMap<String, Value>>,
-    seen: Mutex<BTreeSet<String>>,
+    values: Mutex<HashMap<String, Value>>,
+    seen: Mutex<HashSet<String>>,
 }
 
 impl Shared {
@@ -505,12 +505,17 @@ pub type StatusKey = (String, String, String, String);
 /// `status`: collects desired statuses; the last `set` for an object wins.
 #[derive(Debug, Default)]
 pub struct StatusCollector {
-    updates: Mutex<BTreeMap<StatusKey, serde_json::Value>>,
+    updates: Mutex<HashMap<StatusKey, serde_json::Value>>,
 }
 
 impl StatusCollector {
+    /// The desired statuses, ordered by apiVersion, kind, namespace and name.
     pub fn take(&self) -> Vec<StatusUpdate> {
-        std::mem::take(&mut *lock(&self.updates))
+        let mut updates: Vec<_> = std::mem::take(&mut *lock(&self.updates))
+            .into_iter()
+            .collect();
+        updates.sort_by(|a, b| a.0.cmp(&b.0));
+        updates
             .into_iter()
             .map(
                 |((api_version, kind, namespace, name), status)| StatusUpdate {

@@ -541,10 +541,18 @@ class Rbac(unittest.TestCase):
                         self.allows(cluster, group, w["resources"] + "/status", ["update", "patch"]),
                         f"{variant}: cannot write {w['resources']}/status",
                     )
-            # Nothing writable cluster-wide except status subresources.
+            # Nothing writable cluster-wide except status subresources, and Events (created on
+            # objects left out of the configuration, in their namespace).
             for r in cluster:
                 if set(r["verbs"]) - {"get", "list", "watch"}:
+                    if r["resources"] == ["events"]:
+                        self.assertEqual((r["apiGroups"], sorted(r["verbs"])), ([""], ["create", "patch"]), r)
+                        continue
                     self.assertTrue(all(res.endswith("/status") for res in r["resources"]), r)
+            self.assertTrue(
+                any(r["resources"] == ["events"] and "create" in r["verbs"] for r in cluster),
+                f"{variant}: cannot create Events on objects left out",
+            )
             ns = self.rules(docs, "Role", f"{FULLNAME}-controller")
             for group, resource, verbs in [
                 ("coordination.k8s.io", "leases", ["get", "create", "update"]),
