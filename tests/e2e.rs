@@ -50,7 +50,12 @@ fn routed_cluster_with(webhook: bool, insecure_agents: bool) -> (Cluster, Backen
     require("haproxy");
     let mut c = Cluster::start(&[]);
     c.insecure_agents = insecure_agents;
-    c.apply_config(&c.config_object(""));
+    // With the webhook, Secrets are watched too (basic-auth users), as ssl.yaml would add.
+    c.apply_config(&c.config_object(if webhook {
+        "watchedResources:\n  secrets: {apiVersion: v1, resources: secrets, indexBy: [metadata.namespace, metadata.name]}\n"
+    } else {
+        ""
+    }));
     if webhook {
         c.enable_webhook();
     }
@@ -390,7 +395,35 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
         "{text}"
     );
     assert!(metric_value(&text, "haptic_webhook_requests_total{result=\"allowed\"}") >= 1.0);
+
+    // An object that turns bad outside the webhook's reach (the Secret holding its users gets
+    // a value that is no password hash) is left out, and does not make the webhook deny
+    // unrelated changes: it denies only what a change itself introduces.
+    let users = |hash: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: users, namespace: default}}\ndata: {{alice: {}}}\n",
+            haptic_agent::base64::encode(hash.as_bytes())
+        )
+    };
+    let apply = |text: &str| c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(text));
+    let (ok, out) = apply(&users("$5$salt$i9KRhuJX1YCwObp1g6eH8m2riHepEVofFCkXiZmbSh8"));
+    assert!(ok, "{out}");
+    let (ok, out) = apply(&ingress(
+        "private",
+        "private.example.com",
+        "web",
+        "haproxy.org/auth-type: basic-auth, haproxy.org/auth-secret: users",
+    ));
+    assert!(ok, "an Ingress with basic auth is admitted: {out}");
+    c.wait_route("private.example.com", "/", 401, "", DEADLINE);
+    let (ok, out) = apply(&users("global\n  log stdout local0"));
+    assert!(ok, "{out}");
+    c.wait_route("private.example.com", "/", 404, "", DEADLINE);
+    let (ok, out) = apply(&ingress("other", "other.example.com", "web", ""));
+    assert!(ok, "an unrelated Ingress is admitted while another object is left out: {out}");
+    c.wait_route("other.example.com", "/", 200, "web-1", DEADLINE);
 }
+
 
 #[test]
 fn a_tenants_bad_ingress_is_left_out_and_other_changes_keep_flowing() {
