@@ -406,7 +406,9 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
         )
     };
     let apply = |text: &str| c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(text));
-    let (ok, out) = apply(&users("$5$salt$i9KRhuJX1YCwObp1g6eH8m2riHepEVofFCkXiZmbSh8"));
+    let (ok, out) = apply(&users(
+        "$5$salt$i9KRhuJX1YCwObp1g6eH8m2riHepEVofFCkXiZmbSh8",
+    ));
     assert!(ok, "{out}");
     let (ok, out) = apply(&ingress(
         "private",
@@ -420,10 +422,12 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
     assert!(ok, "{out}");
     c.wait_route("private.example.com", "/", 404, "", DEADLINE);
     let (ok, out) = apply(&ingress("other", "other.example.com", "web", ""));
-    assert!(ok, "an unrelated Ingress is admitted while another object is left out: {out}");
+    assert!(
+        ok,
+        "an unrelated Ingress is admitted while another object is left out: {out}"
+    );
     c.wait_route("other.example.com", "/", 200, "web-1", DEADLINE);
 }
-
 
 #[test]
 fn a_tenants_bad_ingress_is_left_out_and_other_changes_keep_flowing() {

@@ -14,6 +14,9 @@ mod gateway;
 #[path = "libraries/annotations.rs"]
 mod annotations;
 
+#[path = "libraries/hostile.rs"]
+mod hostile;
+
 use std::process::Command;
 
 use harness::{root, service_yaml, Echo, Scenario, LIBRARIES};

@@ -172,7 +172,7 @@ impl Ports {
 }
 
 /// Runs `haptic render` of the six libraries on the fixtures; returns its stdout (which lists
-/// the statuses templates set).
+/// the statuses templates set) and stderr (objects left out).
 pub fn render(
     fixtures: &Path,
     out: &Path,
@@ -207,7 +207,8 @@ pub fn render(
             String::from_utf8_lossy(&output.stderr)
         ));
     }
-    Ok(stdout)
+    // Warnings (objects left out of the configuration) are on stderr.
+    Ok(stdout + &String::from_utf8_lossy(&output.stderr))
 }
 
 /// A running `haproxy -db`, killed on drop.

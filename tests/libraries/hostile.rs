@@ -1,0 +1,165 @@
+//! Attacks on a victim tenant under real traffic: hostile Ingresses in other namespaces are
+//! rendered together with the victim's through all six libraries, HAProxy runs the result,
+//! and requests to the victim's host must see no effect of any of them.
+
+use super::harness::{service_yaml, Echo, Scenario};
+
+fn ingress(
+    ns: &str,
+    name: &str,
+    host: &str,
+    annotations: &[(&str, &str)],
+    path: &str,
+    path_type: &str,
+    ts: &str,
+) -> String {
+    let annotations: String = annotations
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "    {k}: {}\n",
+                serde_json::to_string(v).expect("json string")
+            )
+        })
+        .collect();
+    format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: {name}\n  namespace: {ns}\n  creationTimestamp: \"{ts}\"\n  annotations:\n{annotations}    x: y\n\
+         spec:\n  ingressClassName: haproxy\n  rules:\n    - host: {host}\n      http: {{paths: [{{path: {path:?}, pathType: {path_type}, backend: {{service: {{name: web, port: {{name: http}}}}}}}}]}}\n"
+    )
+}
+
+#[test]
+fn hostile_tenants_cannot_touch_a_victims_traffic() {
+    let victim = Echo::start("victim");
+    let evil = Echo::start("evil");
+    let old = "2024-01-01T00:00:00Z";
+    let new = "2024-06-01T00:00:00Z";
+    let mut m = service_yaml("victim", "web", &victim);
+    m.push_str(&ingress(
+        "victim",
+        "site",
+        "victim.test",
+        &[],
+        "/",
+        "Prefix",
+        old,
+    ));
+    let attacks: [(&str, &[(&str, &str)], &str, &str, &str); 8] = [
+        // A header name whose tab and '#' would comment out the rule's scoping condition.
+        (
+            "hdr",
+            &[("haproxy.org/response-set-header", "Set-Cookie\tpwned=1\t#")],
+            "hdr.test",
+            "/",
+            "Prefix",
+        ),
+        (
+            "reqhdr",
+            &[("haproxy.org/request-set-header", "X-Evil\t1\t#")],
+            "reqhdr.test",
+            "/",
+            "Prefix",
+        ),
+        // A new line adding a rule of its own to the shared frontend.
+        (
+            "sethost",
+            &[(
+                "haproxy.org/set-host",
+                "x\n  http-request return status 503",
+            )],
+            "sethost.test",
+            "/",
+            "Prefix",
+        ),
+        // Another namespace's users.
+        (
+            "auth",
+            &[
+                ("haproxy.org/auth-type", "basic-auth"),
+                ("haproxy.org/auth-secret", "victim/users"),
+            ],
+            "auth.test",
+            "/",
+            "Prefix",
+        ),
+        // A regular expression whose alternation would match every host.
+        (
+            "regex",
+            &[("haproxy-ingress.github.io/path-type", "regex")],
+            "regex.test",
+            "/x|.*",
+            "ImplementationSpecific",
+        ),
+        // Paths added to the victim's host from another namespace.
+        ("thief", &[], "victim.test", "/admin", "Prefix"),
+        // A deny list that is no list, and a huge server pool.
+        (
+            "deny",
+            &[("haproxy.org/denylist", "0.0.0.0/0 }")],
+            "deny.test",
+            "/",
+            "Prefix",
+        ),
+        (
+            "slots",
+            &[("haproxy.org/scale-server-slots", "100000000")],
+            "slots.test",
+            "/",
+            "Prefix",
+        ),
+    ];
+    for (ns, annotations, host, path, path_type) in attacks {
+        let ns = format!("atk-{ns}");
+        m.push_str(&service_yaml(&ns, "web", &evil));
+        m.push_str(&ingress(&ns, "x", host, annotations, path, path_type, new));
+    }
+    let s = Scenario::start("hostile", &m, &[]);
+    let p = &s.proxy;
+
+    for path in ["/", "/admin", "/x", "/anything/else"] {
+        let r = p.http("victim.test", path);
+        assert_eq!(
+            (r.status, r.backend()),
+            (200, Some("victim")),
+            "victim.test{path}: {r:?}"
+        );
+        assert!(r.header("set-cookie").is_none(), "victim.test{path}: {r:?}");
+        assert!(!r.body.contains("x-evil"), "victim.test{path}: {r:?}");
+    }
+    // The regex is confined to its own host: there `.*` matches everything (its own traffic),
+    // and nowhere else (the victim's requests above went to the victim).
+    assert_eq!(p.http("regex.test", "/x").backend(), Some("evil"));
+    assert_eq!(p.http("regex.test", "/y").backend(), Some("evil"));
+    assert_eq!(p.http("unknown.test", "/x").status, 404);
+    // Every other attacker is left out whole, named with its field.
+    for host in [
+        "hdr.test",
+        "reqhdr.test",
+        "sethost.test",
+        "auth.test",
+        "deny.test",
+        "slots.test",
+    ] {
+        assert_eq!(p.http(host, "/").status, 404, "{host} must be left out");
+    }
+    for (ns, field) in [
+        ("hdr", "haproxy.org/response-set-header"),
+        ("reqhdr", "haproxy.org/request-set-header"),
+        ("sethost", "haproxy.org/set-host"),
+        ("auth", "haproxy.org/auth-secret"),
+        ("deny", "haproxy.org/denylist"),
+        ("slots", "haproxy.org/scale-server-slots"),
+        ("thief", "belongs to namespace victim"),
+    ] {
+        let line = format!("Ingress atk-{ns}/x: left out of the configuration");
+        let found = s
+            .render_output
+            .lines()
+            .any(|l| l.contains(&line) && l.contains(field));
+        assert!(
+            found,
+            "no refusal of atk-{ns} naming {field}:\n{}",
+            s.render_output
+        );
+    }
+}
