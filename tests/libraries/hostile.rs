@@ -28,6 +28,9 @@ fn ingress(
     )
 }
 
+/// (namespace suffix, annotations, host, path, pathType)
+type Attack<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str, &'a str, &'a str);
+
 #[test]
 fn hostile_tenants_cannot_touch_a_victims_traffic() {
     let victim = Echo::start("victim");
@@ -44,7 +47,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "Prefix",
         old,
     ));
-    let attacks: [(&str, &[(&str, &str)], &str, &str, &str); 8] = [
+    let attacks: [Attack; 8] = [
         // A header name whose tab and '#' would comment out the rule's scoping condition.
         (
             "hdr",
