@@ -2,8 +2,9 @@
 # Benchmarks for the numbers that matter (never timing assertions in tests).
 #
 #   scripts/bench.sh            every benchmark
-#   scripts/bench.sh render     render time and peak memory of the example config with 1,000
-#                               and 10,000 generated routed Services (+ EndpointSlices)
+#   scripts/bench.sh render     render through the six libraries at 1,000 and 10,000 Ingresses
+#                               (+ Services + EndpointSlices): full, unchanged, one EndpointSlice
+#                               change, one new Ingress, peak memory, haproxy -c on the same output
 #   scripts/bench.sh watch      list and watch ingest into stores, and store memory, for 10,000
 #                               Ingresses + Services + EndpointSlices from the dev API server
 #   scripts/bench.sh latency    event-to-traffic latency (EndpointSlice change, new route) with
@@ -18,40 +19,22 @@ ensure_packages /usr/bin/time:time python3:python3
 which=${1:-all}
 
 bench_render() {
+  # Through the six shipped libraries (the config the chart installs): N Ingresses, each with
+  # a Service and an EndpointSlice of three endpoints. Full render, a re-render with nothing
+  # changed, one EndpointSlice change, one new Ingress, and the floor in the same run:
+  # haproxy -c on the same output and the raw JSON size of the objects.
+  ensure_packages haproxy:haproxy
+  cargo bench --quiet --bench render -- 1000 10000 2>/dev/null | grep '^render-libraries'
+  # Peak memory of `haptic render` on the same 10,000.
   cargo build --quiet --release --bin haptic
   local work; work=$(mktemp -d /tmp/haptic-bench.XXXXXX)
-  for n in 1000 10000; do
-    python3 - "$n" > "$work/objects-$n.yaml" <<'PY'
-import sys
-n = int(sys.argv[1])
-for i in range(n):
-    ns = f"ns{i % 50}"
-    print(f"""---
-apiVersion: v1
-kind: Service
-metadata:
-  name: svc{i}
-  namespace: {ns}
-  annotations: {{example.haproxy-haptic.org/host: host{i}.example.com}}
-spec: {{ports: [{{port: 80, targetPort: 8080}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: svc{i}-abc
-  namespace: {ns}
-  labels: {{kubernetes.io/service-name: svc{i}}}
-ports: [{{port: 8080}}]
-endpoints:
-  - addresses: ["10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"]
-    conditions: {{ready: true}}
-  - addresses: ["10.{(i + 1) // 65536 % 256}.{(i + 1) // 256 % 256}.{(i + 1) % 256}"]""")
-PY
-    local out
-    out=$( { /usr/bin/time -f "peak_rss_kb=%M wall_s=%e" "${CARGO_TARGET_DIR:-target}/release/haptic" render -f examples/haproxy-template-config.yaml \
-      --fixtures "$work/objects-$n.yaml" -o "$work/out-$n" --timings >/dev/null; } 2>&1 )
-    echo "render n=$n $(echo "$out" | grep -o 'objects=.*') $(echo "$out" | grep -o 'peak_rss_kb=.*')"
-  done
+  python3 scripts/bench-objects.py 10000 > "$work/objects.yaml"
+  local libs=()
+  for l in base ssl ingress gateway haproxytech haproxy-ingress; do libs+=(-f "chart/libraries/$l.yaml"); done
+  local out
+  out=$( { /usr/bin/time -f "peak_rss_kb=%M wall_s=%e" "${CARGO_TARGET_DIR:-target}/release/haptic" render "${libs[@]}" \
+    --fixtures "$work/objects.yaml" -o "$work/out" --timings >/dev/null; } 2>&1 )
+  echo "render-cli n=10000 $(echo "$out" | grep -o 'objects=.*') $(echo "$out" | grep -o 'peak_rss_kb=.*') raw_json_bytes=$(wc -c < "$work/objects.yaml")"
   rm -rf "$work"
 }
 
