@@ -17,14 +17,8 @@ use haptic::store::Store;
 use haptic::validate::fixtures::{build_stores, load_fixture_inputs};
 use serde_json::{json, Value};
 
-const LIBRARIES: [&str; 6] = [
-    "chart/libraries/base.yaml",
-    "chart/libraries/ssl.yaml",
-    "chart/libraries/ingress.yaml",
-    "chart/libraries/gateway.yaml",
-    "chart/libraries/haproxytech.yaml",
-    "chart/libraries/haproxy-ingress.yaml",
-];
+#[path = "../tests/support/libraries.rs"]
+mod libraries;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
@@ -57,13 +51,11 @@ fn main() {
         sizes
     };
     // HAPTIC_BENCH_LIBRARIES=a.yaml,b.yaml renders through other fragments (to find where time goes).
-    let libraries: Vec<String> = match std::env::var("HAPTIC_BENCH_LIBRARIES") {
+    let fragments: Vec<String> = match std::env::var("HAPTIC_BENCH_LIBRARIES") {
         Ok(list) => list.split(',').map(str::to_string).collect(),
-        Err(_) => LIBRARIES.iter().map(|s| s.to_string()).collect(),
+        Err(_) => libraries::LIBRARIES.iter().map(|s| s.to_string()).collect(),
     };
-    let spec = haptic::config::load_files(&libraries)
-        .and_then(|d| d.valid_spec("libraries"))
-        .expect("the six libraries load");
+    let spec = libraries::spec_of(&fragments);
     let engine = Engine::new(&spec).expect("the libraries compile");
     let work = std::env::temp_dir().join(format!("haptic-bench-render-{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("work dir");

@@ -14,14 +14,8 @@ use std::sync::Arc;
 use haptic::render::{Engine, RenderInputs};
 use serde_json::Value;
 
-const LIBRARIES: [&str; 6] = [
-    "chart/libraries/base.yaml",
-    "chart/libraries/ssl.yaml",
-    "chart/libraries/ingress.yaml",
-    "chart/libraries/gateway.yaml",
-    "chart/libraries/haproxytech.yaml",
-    "chart/libraries/haproxy-ingress.yaml",
-];
+#[path = "support/libraries.rs"]
+mod libraries;
 
 /// What a tenant writes: a line break, then a directive of its own, a comment and a brace.
 const PAYLOAD: &str =
@@ -98,11 +92,7 @@ fn shape(kind: &str, path: &[String]) -> String {
 
 #[test]
 fn no_tenant_string_reaches_the_configuration_unfiltered() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let files: Vec<_> = LIBRARIES.iter().map(|l| root.join(l)).collect();
-    let spec = haptic::config::load_files(&files)
-        .and_then(|d| d.valid_spec("libraries"))
-        .expect("the six libraries load");
+    let spec = libraries::spec();
     let engine = Engine::new(&spec).expect("the libraries compile");
     let global = spec.validation_tests.get("_global");
     let mut attacked: BTreeSet<String> = BTreeSet::new();

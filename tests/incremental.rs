@@ -17,22 +17,9 @@ use haptic::render::{Engine, RenderCache, RenderInputs, Rendered};
 use haptic::store::Store;
 use serde_json::{json, Value};
 
-const LIBRARIES: [&str; 6] = [
-    "chart/libraries/base.yaml",
-    "chart/libraries/ssl.yaml",
-    "chart/libraries/ingress.yaml",
-    "chart/libraries/gateway.yaml",
-    "chart/libraries/haproxytech.yaml",
-    "chart/libraries/haproxy-ingress.yaml",
-];
-
-fn spec() -> Spec {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let files: Vec<_> = LIBRARIES.iter().map(|l| root.join(l)).collect();
-    haptic::config::load_files(&files)
-        .and_then(|d| d.valid_spec("libraries"))
-        .expect("the six libraries load")
-}
+#[path = "support/libraries.rs"]
+mod libraries;
+use libraries::spec;
 
 /// xorshift64*: a deterministic generator, so a failing sequence can be replayed by seed.
 struct Rng(u64);

@@ -200,13 +200,17 @@ impl Reconciler {
         // Render (replaying unchanged units), then check with haproxy -c unless the change is
         // runtime-only; objects whose configuration the check rejects are left out, and the
         // rest goes ahead (validate::isolate).
-        let last = s.last_validated.clone();
+        // The classification of the bundle the loop settles on, kept for the deploy decision.
+        let last = s.last_validated.as_ref();
+        let mut last_class = None;
         let mut needs_check = |bundle: &Bundle| {
-            let class = last.as_ref().map(|old| classify(old, bundle));
-            !matches!(
+            let class = last.map(|old| classify(old, bundle));
+            let check = !matches!(
                 class,
                 Some(Classification::NoChange) | Some(Classification::Runtime(_))
-            )
+            );
+            last_class = Some(class);
+            check
         };
         let haproxy_bin = self.haproxy_bin.clone();
         let mut check = |bundle: &Bundle| {
@@ -260,7 +264,9 @@ impl Reconciler {
             self.succeeded(s, &bundle, started);
             return;
         }
-        let class = s.last_validated.as_ref().map(|old| classify(old, &bundle));
+        let class = last_class
+            .flatten()
+            .or_else(|| s.last_validated.as_ref().map(|old| classify(old, &bundle)));
         let reload = !matches!(
             class,
             Some(Classification::NoChange) | Some(Classification::Runtime(_))

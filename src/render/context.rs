@@ -378,20 +378,14 @@ impl Object for Shared {
             "append" => {
                 let (key, item): (&str, Value) = from_args(args)?;
                 self.append_value(key, item.clone());
-                units::note_effect(
-                    units::Effect::SharedAppend(key.to_string(), item),
-                    units::Undo::SharedAppend(key.to_string()),
-                );
+                units::note_collector_append(Some(key), &item);
                 Ok(Value::from(""))
             }
             "extend" => {
                 let (key, items): (&str, Value) = from_args(args)?;
                 for item in items.try_iter()? {
                     self.append_value(key, item.clone());
-                    units::note_effect(
-                        units::Effect::SharedAppend(key.to_string(), item),
-                        units::Undo::SharedAppend(key.to_string()),
-                    );
+                    units::note_collector_append(Some(key), &item);
                 }
                 Ok(Value::from(""))
             }

@@ -62,9 +62,10 @@ impl Range {
                 return self.contains(&IpAddr::V4(v4));
             }
         }
+        // Both as 128 bits from the top (IPv4 in the high 32), so a prefix masks the same way.
         let bits = |ip: &IpAddr| -> Option<u128> {
             match (ip, &self.net) {
-                (IpAddr::V4(a), IpAddr::V4(_)) => Some((u32::from(*a) as u128) << 96),
+                (IpAddr::V4(a), IpAddr::V4(_)) => Some(u128::from(u32::from(*a)) << 96),
                 (IpAddr::V6(a), IpAddr::V6(_)) => Some(u128::from(*a)),
                 _ => None,
             }
@@ -72,16 +73,9 @@ impl Range {
         let (Some(a), Some(n)) = (bits(ip), bits(&self.net)) else {
             return false;
         };
-        let shift = if self.net.is_ipv4() { 32 } else { 128 } - u32::from(self.prefix);
-        let width = if self.net.is_ipv4() { 32 } else { 128 };
-        if shift >= width {
-            return true;
-        }
-        let mask = if self.net.is_ipv4() {
-            (u128::MAX << (96 + shift)) & (u128::MAX << 96)
-        } else {
-            u128::MAX << shift
-        };
+        let mask = u128::MAX
+            .checked_shl(128 - u32::from(self.prefix))
+            .unwrap_or(0);
         a & mask == n & mask
     }
 }

@@ -249,14 +249,6 @@ impl RenderCache {
         RenderCache::default()
     }
 
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
     /// Forgets entries that belong to another engine or another extraContext.
     pub(super) fn prepare(
         &mut self,
@@ -305,10 +297,6 @@ impl RenderCache {
 
     pub fn excluded(&self) -> impl Iterator<Item = (&Owner, &str)> {
         self.excluded.iter().map(|(k, r)| (k, r.as_str()))
-    }
-
-    pub fn clear_exclusions(&mut self) {
-        self.excluded.clear();
     }
 }
 
@@ -396,45 +384,25 @@ pub(super) fn leave() -> Option<Scope> {
 
 /// Whether reads are being recorded (inside a unit): callers skip costly bookkeeping otherwise.
 pub(super) fn recording() -> bool {
-    in_unit()
-}
-
-fn in_unit() -> bool {
     FRAMES.with(|f| !f.borrow().is_empty())
 }
 
-fn record_read(read: Read) {
-    FRAMES.with(|f| {
-        if let Some(frame) = f.borrow_mut().last_mut() {
-            let own = match &read {
-                Read::Shared { key, .. } => frame.wrote.contains(&format!("s:{key}")),
-                Read::Seen { key, .. } => frame.wrote.contains(&format!("f:{key}")),
-                _ => false,
-            };
-            if !own {
-                frame.rec.reads.push(read);
-            }
+/// Runs `f` on the innermost unit's frame (no-op outside units).
+fn with_frame(f: impl FnOnce(&mut Frame)) {
+    FRAMES.with(|frames| {
+        if let Some(frame) = frames.borrow_mut().last_mut() {
+            f(frame);
         }
     });
+}
+
+fn record_read(read: Read) {
+    with_frame(|frame| frame.push_read(read));
 }
 
 /// Records an effect that has just been applied (no-op outside units).
 pub(super) fn note_effect(effect: Effect, undo: Undo) {
-    FRAMES.with(|f| {
-        if let Some(frame) = f.borrow_mut().last_mut() {
-            match &effect {
-                Effect::SharedSet(k, _) | Effect::SharedAppend(k, _) => {
-                    frame.wrote.insert(format!("s:{k}"));
-                }
-                Effect::Seen(k) => {
-                    frame.wrote.insert(format!("f:{k}"));
-                }
-                _ => {}
-            }
-            frame.rec.effects.push(effect);
-            frame.undo.push(undo);
-        }
-    });
+    with_frame(|frame| frame.push_effect(effect, undo));
 }
 
 pub(super) fn note_store_read(
@@ -443,7 +411,7 @@ pub(super) fn note_store_read(
     keys: &[String],
     result: &[Arc<serde_json::Value>],
 ) {
-    if in_unit() {
+    if recording() {
         record_read(Read::Store {
             store: store.to_string(),
             method,
@@ -454,7 +422,7 @@ pub(super) fn note_store_read(
 }
 
 pub(super) fn note_shared_read(key: &str, value: Option<&Value>) {
-    if in_unit() {
+    if recording() {
         record_read(Read::Shared {
             key: key.to_string(),
             value: value.map(freeze),
@@ -463,7 +431,7 @@ pub(super) fn note_shared_read(key: &str, value: Option<&Value>) {
 }
 
 pub(super) fn note_seen(key: &str, fresh: bool) {
-    if in_unit() {
+    if recording() {
         record_read(Read::Seen {
             key: key.to_string(),
             fresh,
@@ -472,7 +440,7 @@ pub(super) fn note_seen(key: &str, fresh: bool) {
 }
 
 pub(super) fn note_current_read(backend: &str, value: Option<&Backend>) {
-    if in_unit() {
+    if recording() {
         record_read(Read::Current {
             backend: backend.to_string(),
             value: value.cloned(),
@@ -868,13 +836,7 @@ fn try_replay(
     for child in &rec.children {
         s.touch(child);
     }
-    FRAMES.with(|f| {
-        if let Some(parent) = f.borrow_mut().last_mut() {
-            parent.rec.reads.extend(rec.reads.iter().cloned());
-            parent.rec.children.push(ukey.clone());
-            parent.rec.children.extend(rec.children.iter().cloned());
-        }
-    });
+    with_frame(|parent| parent.adopt_reads(&rec, ukey));
     match &*outcome {
         Ok(text) => {
             for effect in &rec.effects {
@@ -949,23 +911,14 @@ impl Scope {
             Ok(text) => {
                 self.cache.stats.rendered += 1;
                 self.note_files(&rec, &owner);
-                FRAMES.with(|f| {
-                    if let Some(parent) = f.borrow_mut().last_mut() {
-                        parent.absorb(&rec, undos, &ukey);
-                    }
-                });
+                with_frame(|parent| parent.absorb(&rec, undos, &ukey));
                 self.instance(&ukey, &owner, true, text)
             }
             Err(message) => {
                 for u in undos.into_iter().rev() {
                     undo(self, u);
                 }
-                FRAMES.with(|f| {
-                    if let Some(parent) = f.borrow_mut().last_mut() {
-                        parent.rec.reads.extend(rec.reads.iter().cloned());
-                        parent.rec.children.push(ukey.clone());
-                    }
-                });
+                with_frame(|parent| parent.adopt_reads(&rec, &ukey));
                 self.drop_owner(&owner, message.clone());
                 Value::from_safe_string(String::new())
             }
@@ -993,35 +946,52 @@ impl Scope {
     }
 }
 
+/// What a unit wrote to `shared` or marked with `first_seen`: its later reads of it follow from
+/// its own inputs and are not recorded.
+fn written_key(effect: &Effect) -> Option<String> {
+    match effect {
+        Effect::SharedSet(k, _) | Effect::SharedAppend(k, _) => Some(format!("s:{k}")),
+        Effect::Seen(k) => Some(format!("f:{k}")),
+        _ => None,
+    }
+}
+
 impl Frame {
-    /// Takes a finished child unit's reads (minus what this unit wrote itself), effects and
-    /// undo journal.
-    fn absorb(&mut self, rec: &Recording, undos: Vec<Undo>, child: &UnitKey) {
+    fn push_read(&mut self, read: Read) {
+        let own = match &read {
+            Read::Shared { key, .. } => self.wrote.contains(&format!("s:{key}")),
+            Read::Seen { key, .. } => self.wrote.contains(&format!("f:{key}")),
+            _ => false,
+        };
+        if !own {
+            self.rec.reads.push(read);
+        }
+    }
+
+    fn push_effect(&mut self, effect: Effect, undo: Undo) {
+        if let Some(key) = written_key(&effect) {
+            self.wrote.insert(key);
+        }
+        self.rec.effects.push(effect);
+        self.undo.push(undo);
+    }
+
+    /// Takes a child unit's reads (minus what this unit wrote itself) and its identity; its
+    /// effects arrive separately (replayed, or through `absorb`).
+    fn adopt_reads(&mut self, rec: &Recording, child: &UnitKey) {
         for r in &rec.reads {
-            let own = match r {
-                Read::Shared { key, .. } => self.wrote.contains(&format!("s:{key}")),
-                Read::Seen { key, .. } => self.wrote.contains(&format!("f:{key}")),
-                _ => false,
-            };
-            if !own {
-                self.rec.reads.push(r.clone());
-            }
+            self.push_read(r.clone());
         }
-        for e in &rec.effects {
-            match e {
-                Effect::SharedSet(k, _) | Effect::SharedAppend(k, _) => {
-                    self.wrote.insert(format!("s:{k}"));
-                }
-                Effect::Seen(k) => {
-                    self.wrote.insert(format!("f:{k}"));
-                }
-                _ => {}
-            }
-        }
-        self.rec.effects.extend(rec.effects.iter().cloned());
-        self.undo.extend(undos);
         self.rec.children.push(child.clone());
         self.rec.children.extend(rec.children.iter().cloned());
+    }
+
+    /// Takes a finished child unit's reads, effects and undo journal (one undo per effect).
+    fn absorb(&mut self, rec: &Recording, undos: Vec<Undo>, child: &UnitKey) {
+        self.adopt_reads(rec, child);
+        for (effect, undo) in rec.effects.iter().cloned().zip(undos) {
+            self.push_effect(effect, undo);
+        }
     }
 }
 
@@ -1065,7 +1035,8 @@ pub(super) fn strip_markers(text: &str) -> (String, Vec<(usize, usize, usize)>) 
     (out, spans)
 }
 
-/// A `collector()` or shared list that units append to; recorded appends need its shared key.
+/// Records an append to the shared list under `shared_key` (`shared.append`, or `append` on a
+/// collector kept in `shared`); appends to a unit's own collector (no key) are not effects.
 pub(super) fn note_collector_append(shared_key: Option<&str>, item: &Value) {
     if let Some(k) = shared_key {
         note_effect(

@@ -319,11 +319,17 @@ mod tests {
         }
     }
 
-    fn haproxy_check(checks: &mut usize) -> impl FnMut(&Bundle) -> Result<String, CheckError> + '_ {
-        move |b| {
+    /// Renders and checks every bundle with the real `haproxy -c`, counting the checks.
+    fn checked(
+        engine: &Engine,
+        inputs: &RenderInputs,
+        cache: &mut RenderCache,
+        checks: &mut usize,
+    ) -> Result<Validated, Failure> {
+        render_validated(engine, inputs, cache, &mut |_| true, &mut |b| {
             *checks += 1;
             crate::validate::haproxy::check_bundle("haproxy", b)
-        }
+        })
     }
 
     #[test]
@@ -332,26 +338,13 @@ mod tests {
         let mut cache = RenderCache::new();
         let mut checks = 0;
         let good = inputs(&[("a", "10", "^/a"), ("b", "20", "^/b")]);
-        let v = render_validated(
-            &engine,
-            &good,
-            &mut cache,
-            &mut |_| true,
-            &mut haproxy_check(&mut checks),
-        )
-        .expect("a valid configuration");
+        let v = checked(&engine, &good, &mut cache, &mut checks).expect("a valid configuration");
         assert!(v.rendered.dropped.is_empty());
         // A weight HAProxy refuses (0..256): attributed by its line, no bisection needed.
         let bad = inputs(&[("a", "10", "^/a"), ("b", "20", "^/b"), ("c", "9999", "^/c")]);
         checks = 0;
-        let v = render_validated(
-            &engine,
-            &bad,
-            &mut cache,
-            &mut |_| true,
-            &mut haproxy_check(&mut checks),
-        )
-        .expect("the other objects still make a configuration");
+        let v = checked(&engine, &bad, &mut cache, &mut checks)
+            .expect("the other objects still make a configuration");
         assert_eq!(checks, 2, "one failed check, one passing check");
         assert_eq!(v.rendered.dropped.len(), 1);
         assert_eq!(v.rendered.dropped[0].owner.to_string(), "ConfigMap ns/c");
@@ -366,25 +359,11 @@ mod tests {
         assert!(!v.bundle.haproxy_cfg.contains("be_c"));
         // It stays out while unchanged, without another failing check.
         checks = 0;
-        let v = render_validated(
-            &engine,
-            &bad,
-            &mut cache,
-            &mut |_| true,
-            &mut haproxy_check(&mut checks),
-        )
-        .unwrap();
+        let v = checked(&engine, &bad, &mut cache, &mut checks).unwrap();
         assert_eq!((checks, v.rendered.dropped.len()), (1, 1));
         // Fixed, it is back.
         let fixed = inputs(&[("a", "10", "^/a"), ("b", "20", "^/b"), ("c", "30", "^/c")]);
-        let v = render_validated(
-            &engine,
-            &fixed,
-            &mut cache,
-            &mut |_| true,
-            &mut haproxy_check(&mut checks),
-        )
-        .unwrap();
+        let v = checked(&engine, &fixed, &mut cache, &mut checks).unwrap();
         assert!(v.rendered.dropped.is_empty());
         assert!(v.bundle.haproxy_cfg.contains("backend be_c"));
     }
@@ -397,26 +376,13 @@ mod tests {
         let names: Vec<String> = (0..8).map(|i| format!("t{i}")).collect();
         let mut things: Vec<(&str, &str, &str)> =
             names.iter().map(|n| (n.as_str(), "1", "^/ok")).collect();
-        render_validated(
-            &engine,
-            &inputs(&things),
-            &mut cache,
-            &mut |_| true,
-            &mut haproxy_check(&mut checks),
-        )
-        .expect("valid");
+        checked(&engine, &inputs(&things), &mut cache, &mut checks).expect("valid");
         // Two new objects; one adds an invalid regex to the map (named by map line, which no
         // unit wrote).
         things.push(("new-good", "1", "^/fine"));
         things.push(("new-bad", "1", "(unclosed"));
-        let v = render_validated(
-            &engine,
-            &inputs(&things),
-            &mut cache,
-            &mut |_| true,
-            &mut haproxy_check(&mut checks),
-        )
-        .expect("bisection finds the culprit");
+        let v = checked(&engine, &inputs(&things), &mut cache, &mut checks)
+            .expect("bisection finds the culprit");
         let dropped: Vec<String> = v
             .rendered
             .dropped

@@ -10,15 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The six libraries, in merge order.
-pub const LIBRARIES: [&str; 6] = [
-    "chart/libraries/base.yaml",
-    "chart/libraries/ssl.yaml",
-    "chart/libraries/ingress.yaml",
-    "chart/libraries/gateway.yaml",
-    "chart/libraries/haproxytech.yaml",
-    "chart/libraries/haproxy-ingress.yaml",
-];
+pub use crate::support::libraries::LIBRARIES;
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
