@@ -117,8 +117,9 @@ fn main() {
         });
 
         // One EndpointSlice changes (an endpoint becomes not ready), alternating so every run
-        // is a real change.
-        let endpoints = stores["endpoints"].clone();
+        // is a real change. The store evolves as the controller's does: each version derives
+        // from the last.
+        let mut endpoints = stores["endpoints"].clone();
         let first = endpoints.list().next().expect("a slice").clone();
         let mut flipped = (*first).clone();
         flipped["endpoints"][0]["conditions"]["ready"] = json!(false);
@@ -129,8 +130,9 @@ fn main() {
             i += 1;
             let mut store = (*endpoints).clone();
             store.upsert(variants[i % 2].clone()).expect("upsert");
+            endpoints = Arc::new(store);
             let mut changed = stores.clone();
-            changed.insert("endpoints".into(), Arc::new(store));
+            changed.insert("endpoints".into(), endpoints.clone());
             let started = Instant::now();
             engine
                 .render_cached(&inputs(changed), &mut cache)

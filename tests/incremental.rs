@@ -206,7 +206,7 @@ fn describe(r: &Rendered) -> String {
     for f in &r.files {
         out.push_str(&format!("\n=== {} ===\n{}", f.path, f.content));
     }
-    for s in &r.statuses {
+    for s in r.statuses.iter() {
         out.push_str(&format!(
             "\n=== status {}/{} {}",
             s.namespace, s.name, s.status
@@ -215,6 +215,19 @@ fn describe(r: &Rendered) -> String {
     for d in &r.dropped {
         out.push_str(&format!("\n=== dropped {d}"));
     }
+    // Where each unit's lines are (what maps `haproxy -c` errors to objects).
+    let mut spans: Vec<String> = r
+        .units
+        .iter()
+        .map(|u| {
+            format!(
+                "\n=== unit {} {} {} {}-{}",
+                u.unit, u.owner, u.output, u.first, u.last
+            )
+        })
+        .collect();
+    spans.sort();
+    out.extend(spans);
     out
 }
 
@@ -246,6 +259,7 @@ struct Exercised {
     rendered: usize,
     ok_renders: usize,
     with_dropped: usize,
+    spliced: usize,
 }
 
 fn run_sequence(seed: u64, steps: usize) -> Exercised {
@@ -300,7 +314,8 @@ fn run_sequence(seed: u64, steps: usize) -> Exercised {
                 let (a, b) = (describe(a), describe(b));
                 assert!(
                     a == b,
-                    "seed {seed} step {step}: incremental render differs from the full render; {}",
+                    "seed {seed} step {step}: incremental render ({:?}) differs from the full render; {}",
+                    cache.stats,
                     first_difference(&a, &b)
                 );
             }
@@ -309,6 +324,9 @@ fn run_sequence(seed: u64, steps: usize) -> Exercised {
         }
         seen.replayed += cache.stats.replayed;
         seen.rendered += cache.stats.rendered;
+        if cache.stats.spliced && incremental.is_ok() {
+            seen.spliced += 1;
+        }
         // As in the controller: the deployed config becomes current_config (server slots).
         if let Ok(r) = &full {
             if rng.below(2) == 0 {
@@ -325,8 +343,8 @@ fn incremental_renders_equal_full_renders_over_random_changes() {
     for seed in [0x9E37_79B9_7F4A_7C15, 42, 7_777_777] {
         let seen = run_sequence(seed, steps);
         eprintln!(
-            "seed {seed}: {} of {steps} renders succeeded, {} with objects left out; units replayed {}, rendered {}",
-            seen.ok_renders, seen.with_dropped, seen.replayed, seen.rendered
+            "seed {seed}: {} of {steps} renders succeeded, {} with objects left out, {} spliced; units replayed {}, rendered {}",
+            seen.ok_renders, seen.with_dropped, seen.spliced, seen.replayed, seen.rendered
         );
         // The sequences must exercise what they claim to, or the comparison proves nothing:
         // successful renders, replayed units, and objects left out.
@@ -344,6 +362,11 @@ fn incremental_renders_equal_full_renders_over_random_changes() {
         assert!(
             seen.with_dropped > 0,
             "seed {seed}: no render left an object out"
+        );
+        assert!(
+            seen.spliced * 10 >= steps,
+            "seed {seed}: only {} renders were spliced",
+            seen.spliced
         );
     }
 }

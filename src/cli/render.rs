@@ -159,7 +159,7 @@ pub fn run(args: &[String]) -> CommandResult {
     for dropped in &rendered.dropped {
         eprintln!("warning: {dropped}");
     }
-    for status in &rendered.statuses {
+    for status in rendered.statuses.iter() {
         println!(
             "status {} {} {}/{}: {}",
             status.api_version, status.kind, status.namespace, status.name, status.status

@@ -76,7 +76,7 @@ pub enum StatusMsg {
         error: Option<(String, String)>,
     },
     Published(Arc<Published>),
-    TemplateStatuses(Vec<StatusUpdate>),
+    TemplateStatuses(Arc<Vec<StatusUpdate>>),
     /// The objects the last render left out (refused values, failed checks).
     Dropped(Vec<crate::render::Dropped>),
     Shutdown,
@@ -117,6 +117,8 @@ struct Desired {
     reconcile: Option<Option<(String, String)>>,
     published: Option<Arc<Published>>,
     templates: BTreeMap<(String, String, String, String), Value>,
+    /// The list `templates` was built from (a render that changed no status sends the same).
+    templates_from: Option<Arc<Vec<StatusUpdate>>>,
     dropped: Vec<crate::render::Dropped>,
 }
 
@@ -169,10 +171,24 @@ impl StatusWriter {
             StatusMsg::Reconciled { error } => desired.reconcile = Some(error),
             StatusMsg::Published(p) => desired.published = Some(p),
             StatusMsg::TemplateStatuses(list) => {
+                if desired
+                    .templates_from
+                    .as_ref()
+                    .is_some_and(|from| Arc::ptr_eq(from, &list))
+                {
+                    return;
+                }
                 desired.templates = list
-                    .into_iter()
-                    .map(|u| ((u.api_version, u.kind, u.namespace, u.name), u.status))
+                    .iter()
+                    .map(|u| {
+                        let key = (u.api_version.clone(), u.kind.clone());
+                        (
+                            (key.0, key.1, u.namespace.clone(), u.name.clone()),
+                            u.status.clone(),
+                        )
+                    })
                     .collect();
+                desired.templates_from = Some(list);
             }
             StatusMsg::Dropped(list) => desired.dropped = list,
             StatusMsg::Shutdown => {}

@@ -12,6 +12,7 @@ pub mod glob;
 pub mod objects;
 pub mod safe;
 pub mod slots;
+mod splice;
 pub mod units;
 
 use std::collections::{BTreeMap, HashMap};
@@ -128,19 +129,24 @@ fn post_process(text: &str, steps: &[RegexReplace]) -> String {
             if i > 0 {
                 out.push('\n');
             }
-            let mut line = std::borrow::Cow::Borrowed(line);
-            for step in steps {
-                if let std::borrow::Cow::Owned(changed) =
-                    step.regex.replace_all(&line, step.replace.as_str())
-                {
-                    line = std::borrow::Cow::Owned(changed);
-                }
-            }
-            out.push_str(&line);
+            post_process_line(line, steps, &mut out);
         }
     }
     out.push('\n');
     out
+}
+
+/// Applies the replacements to one line (no new line in it).
+fn post_process_line(line: &str, steps: &[RegexReplace], out: &mut String) {
+    let mut line = std::borrow::Cow::Borrowed(line);
+    for step in steps {
+        if let std::borrow::Cow::Owned(changed) =
+            step.regex.replace_all(&line, step.replace.as_str())
+        {
+            line = std::borrow::Cow::Owned(changed);
+        }
+    }
+    out.push_str(&line);
 }
 
 /// One output template: haproxy.cfg, a map, a file or a certificate.
@@ -178,7 +184,8 @@ pub struct RenderedFile {
 pub struct Rendered {
     pub haproxy_cfg: String,
     pub files: Vec<RenderedFile>,
-    pub statuses: Vec<StatusUpdate>,
+    /// Shared with the render cache (a splice reuses them).
+    pub statuses: Arc<Vec<StatusUpdate>>,
     /// Where each render unit's output landed, in render order.
     pub units: Vec<UnitSpan>,
     /// Objects left out of this configuration, and why.
@@ -342,17 +349,23 @@ impl Engine {
             Some(base) => self.paths.clone().with_base(base.clone()),
             None => self.paths.clone(),
         };
+        if let Some(rendered) = self.try_splice(inputs, &paths, cache) {
+            return Ok(rendered);
+        }
         // A unit that fails drops its owner; when the owner's other units had already
         // produced output, render again without the owner (replays make that cheap). Each
         // pass adds owners, so this ends; the bound guards against a pathological template.
         let mut failed: HashMap<Owner, String> = HashMap::new();
         let mut passes = 0;
-        let (registry, status, outputs, instances, dropped, file_owners) = loop {
+        let (registry, status, outputs, instances, dropped, file_owners, traces) = loop {
             passes += 1;
             let registry = Arc::new(FileRegistry::new(paths.clone()));
             let status = Arc::new(StatusCollector::default());
             let shared = Arc::new(Shared::default());
-            cache.prepare(self.id, &inputs.extra_context, &inputs.base_dir);
+            if passes == 1 {
+                cache.prepare(self.id, &inputs.extra_context, &inputs.base_dir);
+            }
+            cache.stats = units::CacheStats::default();
             let ctx = self.context(
                 inputs,
                 paths.clone(),
@@ -423,9 +436,10 @@ impl Engine {
                 scope.instances,
                 scope.dropped,
                 scope.file_owners,
+                (!scope.inspected).then_some(scope.traces),
             );
         };
-        let (haproxy_cfg, mut files, spans) = outputs?;
+        let (haproxy_cfg, mut files, spans, pres) = outputs?;
         let mut dropped = dropped;
         dropped.sort_by(|a, b| a.owner.cmp(&b.owner));
         cache.sweep();
@@ -434,8 +448,8 @@ impl Engine {
             .filter_map(|(output, id, first, last)| {
                 let i = instances.get(id)?;
                 Some(UnitSpan {
-                    unit: i.unit.clone(),
-                    owner: i.owner.clone(),
+                    unit: Arc::new(i.unit.clone()),
+                    owner: Arc::new(i.owner.clone()),
                     output,
                     first,
                     last,
@@ -469,14 +483,37 @@ impl Engine {
             });
         }
         files.sort_by(|a, b| a.path.cmp(&b.path));
-        Ok(Rendered {
+        let rendered = Rendered {
             haproxy_cfg,
             files,
-            statuses: status.take(),
+            statuses: Arc::new(status.take()),
             units,
             dropped,
             file_owners,
-        })
+        };
+        if let Some(traces) = traces {
+            let names: Vec<(String, Option<String>)> = self
+                .outputs
+                .iter()
+                .map(|o| {
+                    (
+                        o.name.clone(),
+                        o.kind.and_then(|k| paths.get(&o.name, k).ok()),
+                    )
+                })
+                .collect();
+            cache.last = splice::LastRender::build(
+                traces,
+                pres,
+                cache,
+                &rendered,
+                &names,
+                passes > 1,
+                inputs,
+            )
+            .map(Box::new);
+        }
+        Ok(rendered)
     }
 
     /// Renders every output template in order; returns haproxy.cfg, the files, and the unit
@@ -490,34 +527,37 @@ impl Engine {
         (
             String,
             Vec<RenderedFile>,
-            Vec<(String, usize, usize, usize)>,
+            Vec<(Arc<str>, usize, usize, usize)>,
+            Vec<splice::Pre>,
         ),
         RenderError,
     > {
         let mut haproxy_cfg = String::new();
         let mut files = Vec::new();
         let mut spans = Vec::new();
+        let mut pres = Vec::new();
         for output in &self.outputs {
             let template = self
                 .env
                 .get_template(&output.name)
                 .map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
             let started = std::time::Instant::now();
-            let text = template
-                .render(ctx)
-                .map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
+            units::begin_output();
+            let text = template.render(ctx);
+            units::end_output();
+            let text =
+                text.map_err(|e| RenderError::from_minijinja(&output.name, &e, self.fuel))?;
             log::debug!(
                 "rendered template={} ms={:.1}",
                 output.name,
                 started.elapsed().as_secs_f64() * 1000.0
             );
-            let (text, unit_spans) = units::strip_markers(&text);
-            spans.extend(
-                unit_spans
-                    .into_iter()
-                    .map(|(id, first, last)| (output.name.clone(), id, first, last)),
-            );
-            let text = post_process(&text, &output.post);
+            let (text, marks) = units::strip_markers(&text);
+            let name: Arc<str> = Arc::from(output.name.as_str());
+            spans.extend(marks.iter().map(|m| (name.clone(), m.id, m.first, m.last)));
+            let post = post_process(&text, &output.post);
+            pres.push(splice::Pre { text, marks });
+            let text = post;
             match output.kind {
                 None => haproxy_cfg = text,
                 Some(kind) => {
@@ -538,7 +578,7 @@ impl Engine {
                 }
             }
         }
-        Ok((haproxy_cfg, files, spans))
+        Ok((haproxy_cfg, files, spans, pres))
     }
 
     fn context(

@@ -179,14 +179,26 @@ impl Object for StoreView {
                 }
                 if super::units::recording() {
                     let all: Vec<_> = self.store.list().cloned().collect();
-                    super::units::note_store_read(&self.name, StoreMethod::List, &[], &all);
+                    super::units::note_store_read(
+                        &self.name,
+                        self.store.version(),
+                        StoreMethod::List,
+                        &[],
+                        &all,
+                    );
                 }
                 Ok(Self::to_values(self.store.list()))
             }
             "fetch" => {
                 let keys = keys_from_args(args)?;
                 let found = self.store.fetch(&keys).map_err(store_error)?;
-                super::units::note_store_read(&self.name, StoreMethod::Fetch, &keys, &found);
+                super::units::note_store_read(
+                    &self.name,
+                    self.store.version(),
+                    StoreMethod::Fetch,
+                    &keys,
+                    &found,
+                );
                 Ok(Self::to_values(found.iter()))
             }
             "get" => {
@@ -200,6 +212,7 @@ impl Object for StoreView {
                 let found = self.store.get_one(&keys).map_err(store_error)?;
                 super::units::note_store_read(
                     &self.name,
+                    self.store.version(),
                     StoreMethod::Get,
                     &keys,
                     found.as_slice(),

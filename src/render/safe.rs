@@ -132,10 +132,16 @@ pub fn formatter(out: &mut Output, _state: &mut State, value: &Value) -> Result<
     if value.is_undefined() || value.is_none() {
         return Ok(());
     }
+    if let Some(unit) = value.downcast_object_ref::<super::units::UnitOutput>() {
+        return out.write_str(unit.text()).map_err(Error::from);
+    }
     if value.is_safe() {
-        return out
-            .write_str(value.as_str().unwrap_or_default())
-            .map_err(Error::from);
+        let text = value.as_str().unwrap_or_default();
+        if text.contains(super::units::MARK_START) {
+            // A unit's output that went through a `{% set %}` block or a macro.
+            super::units::note_inspected();
+        }
+        return out.write_str(text).map_err(Error::from);
     }
     let text = match value.kind() {
         ValueKind::Number | ValueKind::Bool => {

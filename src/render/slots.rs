@@ -146,10 +146,16 @@ pub fn server_lines(
     };
     let keys = [svc_ns.to_string(), svc_name.to_string()];
     let (service, slices, current) = units::with_inputs(|stores, current| {
-        let service = stores
-            .get("services")
-            .and_then(|s| s.get_one(&keys).ok().flatten());
-        units::note_store_read("services", StoreMethod::Get, &keys, service.as_slice());
+        let services = stores.get("services");
+        let service = services.and_then(|s| s.get_one(&keys).ok().flatten());
+        let version = services.map_or(0, |s| s.version());
+        units::note_store_read(
+            "services",
+            version,
+            StoreMethod::Get,
+            &keys,
+            service.as_slice(),
+        );
         (service, stores.get("endpoints").cloned(), current)
     })
     .ok_or_else(|| invalid("server_lines() can only be used while rendering"))?;
@@ -182,7 +188,8 @@ pub fn server_lines(
             .as_ref()
             .and_then(|s| s.fetch(&keys).ok())
             .unwrap_or_default();
-        units::note_store_read("endpoints", StoreMethod::Fetch, &keys, &found);
+        let version = slices.as_ref().map_or(0, |s| s.version());
+        units::note_store_read("endpoints", version, StoreMethod::Fetch, &keys, &found);
         for slice in &found {
             if text(slice.get("addressType")) == "FQDN" {
                 continue;

@@ -392,3 +392,184 @@ fn collectors_grow_in_place() {
         "3 1 0,1,2\n"
     );
 }
+
+/// Things with ports kept in a second store: the top level iterates things, units look up
+/// their port, so a port change is seen by one unit only.
+fn splice_engine(backend: &str, top: &str) -> Engine {
+    let doc = ConfigDocument {
+        metadata: None,
+        spec: json!({
+            "podSelector": {"matchLabels": {"app": "haproxy"}},
+            "watchedResources": {
+                "things": {"apiVersion": "v1", "resources": "configmaps", "indexBy": ["metadata.namespace", "metadata.labels.group"]},
+                "ports": {"apiVersion": "v1", "resources": "secrets", "indexBy": ["metadata.namespace", "metadata.name"]},
+            },
+            "templateSnippets": {"backend": {"template": backend}},
+            "haproxyConfig": {"template": top, "postProcessing": [{"type": "regex_replace", "params": {"pattern": "^[ ]+", "replace": "  "}}]},
+        }),
+    };
+    Engine::new(&doc.valid_spec("test").unwrap()).unwrap()
+}
+
+const SPLICE_BACKEND: &str = "\nbackend {{ t.metadata.name }}\n    server s 127.0.0.1:{{ resources.ports.get(t.metadata.namespace, t.metadata.name).data.port | int_range(1, 65535, 'data.port') }}";
+const SPLICE_TOP: &str = "global\n{% for t in resources.things.list() %}{{ unit('backend', owner=t, t=t) }}{% endfor %}\nfrontend f\n    bind :80\n";
+
+struct Cluster {
+    things: Arc<Store>,
+    ports: Arc<Store>,
+}
+
+impl Cluster {
+    fn new(names: &[&str]) -> Cluster {
+        let mut things = Store::new(vec![
+            PathExpr::parse("metadata.namespace").unwrap(),
+            PathExpr::parse("metadata.labels.group").unwrap(),
+        ]);
+        let mut ports = Store::new(vec![
+            PathExpr::parse("metadata.namespace").unwrap(),
+            PathExpr::parse("metadata.name").unwrap(),
+        ]);
+        for (i, name) in names.iter().enumerate() {
+            things.upsert(thing("a", name, &format!("g{i}"))).unwrap();
+            ports.upsert(port(name, json!(8000 + i))).unwrap();
+        }
+        Cluster {
+            things: Arc::new(things),
+            ports: Arc::new(ports),
+        }
+    }
+
+    fn set_port(&mut self, name: &str, value: serde_json::Value) {
+        Arc::make_mut(&mut self.ports)
+            .upsert(port(name, value))
+            .unwrap();
+    }
+
+    fn inputs(&self) -> RenderInputs {
+        let mut stores = BTreeMap::new();
+        stores.insert("things".to_string(), self.things.clone());
+        stores.insert("ports".to_string(), self.ports.clone());
+        RenderInputs {
+            stores,
+            ..Default::default()
+        }
+    }
+}
+
+fn port(name: &str, value: serde_json::Value) -> Arc<serde_json::Value> {
+    Arc::new(json!({"metadata": {"namespace": "a", "name": name}, "data": {"port": value}}))
+}
+
+/// Renders incrementally and from scratch; both must be equal, unit spans included.
+fn both(engine: &Engine, cluster: &Cluster, cache: &mut RenderCache) -> Rendered {
+    let incremental = engine.render_cached(&cluster.inputs(), cache).unwrap();
+    let mut full = engine.render(&cluster.inputs()).unwrap();
+    let mut spans = incremental.units.clone();
+    spans.sort_by(|a, b| (&a.output, a.first, &a.unit).cmp(&(&b.output, b.first, &b.unit)));
+    full.units
+        .sort_by(|a, b| (&a.output, a.first, &a.unit).cmp(&(&b.output, b.first, &b.unit)));
+    let strip = |s: &[UnitSpan]| {
+        s.iter()
+            .map(|u| (u.unit.clone(), u.first, u.last))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(incremental.haproxy_cfg, full.haproxy_cfg);
+    assert_eq!(strip(&spans), strip(&full.units));
+    assert_eq!(incremental.dropped, full.dropped);
+    incremental
+}
+
+#[test]
+fn a_change_only_units_see_is_spliced_into_the_last_output() {
+    let engine = splice_engine(SPLICE_BACKEND, SPLICE_TOP);
+    let mut cluster = Cluster::new(&["x", "y", "z"]);
+    let mut cache = RenderCache::new();
+    both(&engine, &cluster, &mut cache);
+    assert!(!cache.stats.spliced);
+    // One port changes, to a value with more digits: the lines after it keep their numbers.
+    cluster.set_port("y", json!(18001));
+    let out = both(&engine, &cluster, &mut cache);
+    assert!(cache.stats.spliced);
+    assert_eq!((cache.stats.rendered, cache.stats.replayed), (1, 2));
+    assert!(out
+        .haproxy_cfg
+        .contains("backend y\n  server s 127.0.0.1:18001\n"));
+    let y = out
+        .units
+        .iter()
+        .find(|u| u.unit.key == "object a/y")
+        .unwrap();
+    assert!(y.fresh);
+    assert_eq!(
+        out.haproxy_cfg.lines().nth(y.last - 1),
+        Some("  server s 127.0.0.1:18001")
+    );
+    // Nothing changed: spliced again, nothing rendered.
+    both(&engine, &cluster, &mut cache);
+    assert!(cache.stats.spliced);
+    assert_eq!(cache.stats.rendered, 0);
+}
+
+#[test]
+fn a_unit_that_fails_or_acts_differently_takes_the_full_render() {
+    // A port above 9000 also announces the thing in `shared`, which the top level prints.
+    let backend = "{% set p = resources.ports.get(t.metadata.namespace, t.metadata.name).data.port | int_range(1, 65535, 'data.port') %}\
+        {% if (p | int) > 9000 %}{% do shared.append('high', t.metadata.name) %}{% endif %}\nbackend {{ t.metadata.name }} port {{ p }}";
+    let top = "{% for t in resources.things.list() %}{{ unit('backend', owner=t, t=t) }}{% endfor %}\nhigh:{% for h in shared.get('high', []) %} {{ h }}{% endfor %}\nend\n";
+    let engine = splice_engine(backend, top);
+    let mut cluster = Cluster::new(&["x", "y", "z"]);
+    let mut cache = RenderCache::new();
+    both(&engine, &cluster, &mut cache);
+    cluster.set_port("y", json!(9500));
+    let out = both(&engine, &cluster, &mut cache);
+    assert!(
+        !cache.stats.spliced,
+        "the unit's effects changed: {:?} {}",
+        cache.stats, out.haproxy_cfg
+    );
+    assert!(out.haproxy_cfg.contains("high: y\n"));
+    cluster.set_port("z", json!(99999));
+    let out = both(&engine, &cluster, &mut cache);
+    assert!(!cache.stats.spliced, "the unit failed");
+    assert_eq!(out.dropped.len(), 1);
+    // With an object left out, a change another unit sees alone is still spliced.
+    cluster.set_port("x", json!(8100));
+    let out = both(&engine, &cluster, &mut cache);
+    assert!(cache.stats.spliced);
+    assert!(out.haproxy_cfg.contains("backend x port 8100"));
+    // The left-out object fixed: it comes back (full render).
+    cluster.set_port("z", json!(8002));
+    let out = both(&engine, &cluster, &mut cache);
+    assert!(!cache.stats.spliced);
+    assert!(out.dropped.is_empty());
+}
+
+#[test]
+fn a_top_level_that_inspects_unit_output_is_never_spliced() {
+    let top = "{% for t in resources.things.list() %}{% set b = unit('backend', owner=t, t=t) %}{% if '18001' in (b | string) %}\n# big port{% endif %}{{ b }}{% endfor %}\nend\n";
+    let engine = splice_engine(SPLICE_BACKEND, top);
+    let mut cluster = Cluster::new(&["x", "y"]);
+    let mut cache = RenderCache::new();
+    both(&engine, &cluster, &mut cache);
+    cluster.set_port("y", json!(18001));
+    let out = both(&engine, &cluster, &mut cache);
+    assert!(!cache.stats.spliced);
+    assert!(out.haproxy_cfg.contains("# big port"));
+}
+
+#[test]
+fn unit_output_through_a_macro_or_set_block_is_never_spliced() {
+    for top in [
+        "{% macro m(t) %}{{ unit('backend', owner=t, t=t) }}{% endmacro %}{% for t in resources.things.list() %}{{ m(t) }}{% endfor %}\nend\n",
+        "{% for t in resources.things.list() %}{% set b %}{{ unit('backend', owner=t, t=t) }}{% endset %}{{ b }}{% endfor %}\nend\n",
+    ] {
+        let engine = splice_engine(SPLICE_BACKEND, top);
+        let mut cluster = Cluster::new(&["x", "y"]);
+        let mut cache = RenderCache::new();
+        both(&engine, &cluster, &mut cache);
+        cluster.set_port("y", json!(18001));
+        let out = both(&engine, &cluster, &mut cache);
+        assert!(!cache.stats.spliced, "{top}");
+        assert!(out.haproxy_cfg.contains("127.0.0.1:18001"));
+    }
+}

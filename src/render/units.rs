@@ -121,10 +121,10 @@ impl fmt::Display for Dropped {
 /// Where one unit's output landed: lines `first..=last` (1-based) of an output file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnitSpan {
-    pub unit: UnitKey,
-    pub owner: Owner,
+    pub unit: Arc<UnitKey>,
+    pub owner: Arc<Owner>,
     /// The output template (`haproxy.cfg`, a map, …).
-    pub output: String,
+    pub output: Arc<str>,
     pub first: usize,
     pub last: usize,
     /// Rendered from scratch in this render (not replayed), so not proven by an earlier check.
@@ -136,12 +136,14 @@ pub struct UnitSpan {
 
 /// A read whose answer a unit's output depends on.
 #[derive(Debug, Clone)]
-enum Read {
+pub(super) enum Read {
     Store {
         store: String,
         method: StoreMethod,
         keys: Vec<String>,
         result: Vec<Arc<serde_json::Value>>,
+        /// The store's version when the answer was last known to hold (0: no such store).
+        version: Stamp,
     },
     Shared {
         key: String,
@@ -155,6 +157,27 @@ enum Read {
         backend: String,
         value: Option<Backend>,
     },
+}
+
+/// A store version, moved forward when a read is found to still hold at a later one (so the
+/// next check looks at few changes).
+#[derive(Debug)]
+pub(super) struct Stamp(std::sync::atomic::AtomicU64);
+
+impl Stamp {
+    fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn set(&self, version: u64) {
+        self.0.store(version, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Clone for Stamp {
+    fn clone(&self) -> Stamp {
+        Stamp(std::sync::atomic::AtomicU64::new(self.get()))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -186,10 +209,10 @@ pub enum Undo {
 }
 
 #[derive(Debug, Default, Clone)]
-struct Recording {
-    reads: Vec<Read>,
-    effects: Vec<Effect>,
-    children: Vec<UnitKey>,
+pub(super) struct Recording {
+    pub reads: Vec<Read>,
+    pub effects: Vec<Effect>,
+    pub children: Vec<UnitKey>,
 }
 
 #[derive(Default)]
@@ -199,16 +222,35 @@ struct Frame {
     /// Shared keys and first_seen keys this unit wrote: its later reads of them follow from
     /// its own inputs and need no recording.
     wrote: HashSet<String>,
+    /// Set on the frame of an output template's top level (not a unit): the units it called,
+    /// in order. Its own store and `current_config` reads are kept; `shared` and `first_seen`
+    /// reads and all effects are not (they follow from the units' effects, see `splice`).
+    top: Option<Vec<TopCall>>,
+}
+
+/// A unit called from the top level of an output template.
+#[derive(Debug, Clone)]
+pub(super) struct TopCall {
+    pub unit: UnitKey,
+    /// The output instance, or `None` when the owner was left out (excluded).
+    pub instance: Option<usize>,
+}
+
+/// What the top level of one output template read and called.
+#[derive(Debug, Default)]
+pub(super) struct TopTrace {
+    pub reads: Vec<Read>,
+    pub calls: Vec<TopCall>,
 }
 
 /// One memoized unit (recording and outcome shared: a replay clones pointers, not text).
-struct Entry {
-    args: Vec<(String, Value)>,
-    rec: Arc<Recording>,
-    outcome: Arc<Result<String, String>>,
-    generation: u64,
+pub(super) struct Entry {
+    pub args: Vec<(String, Value)>,
+    pub rec: Arc<Recording>,
+    pub outcome: Arc<Result<String, String>>,
+    pub generation: u64,
     /// Part of a render whose configuration passed `haproxy -c`.
-    validated: bool,
+    pub validated: bool,
 }
 
 /// Memoized units of one engine, kept by the caller between renders (the reconciler and the
@@ -218,11 +260,13 @@ pub struct RenderCache {
     engine_id: u64,
     context: Option<serde_json::Map<String, serde_json::Value>>,
     base_dir: Option<String>,
-    entries: HashMap<UnitKey, Entry>,
-    generation: u64,
+    pub(super) entries: HashMap<UnitKey, Entry>,
+    pub(super) generation: u64,
     /// Owners left out because `haproxy -c` rejected their lines, with the reason; they stay
     /// out while their units would replay unchanged.
-    excluded: HashMap<Owner, String>,
+    pub(super) excluded: HashMap<Owner, String>,
+    /// The last render, kept for splicing the next one (`splice`).
+    pub(super) last: Option<Box<super::splice::LastRender>>,
     pub stats: CacheStats,
 }
 
@@ -242,11 +286,26 @@ pub struct CacheStats {
     pub replayed: usize,
     pub rendered: usize,
     pub dropped: usize,
+    /// The render spliced the changed units into the last output instead of evaluating the
+    /// output templates again.
+    pub spliced: bool,
 }
 
 impl RenderCache {
     pub fn new() -> RenderCache {
         RenderCache::default()
+    }
+
+    /// Whether the entries belong to this engine and extraContext.
+    pub(super) fn compatible(
+        &self,
+        engine_id: u64,
+        context: &serde_json::Map<String, serde_json::Value>,
+        base_dir: &Option<String>,
+    ) -> bool {
+        self.engine_id == engine_id
+            && self.context.as_ref() == Some(context)
+            && &self.base_dir == base_dir
     }
 
     /// Forgets entries that belong to another engine or another extraContext.
@@ -256,10 +315,8 @@ impl RenderCache {
         context: &serde_json::Map<String, serde_json::Value>,
         base_dir: &Option<String>,
     ) {
-        if self.engine_id != engine_id
-            || self.context.as_ref() != Some(context)
-            || &self.base_dir != base_dir
-        {
+        self.last = None;
+        if !self.compatible(engine_id, context, base_dir) {
             self.entries.clear();
             self.excluded.clear();
             self.engine_id = engine_id;
@@ -277,6 +334,9 @@ impl RenderCache {
 
     /// Marks every unit of the last render as proven by `haproxy -c`.
     pub fn mark_validated(&mut self) {
+        if let Some(last) = &mut self.last {
+            last.mark_validated();
+        }
         let generation = self.generation;
         for e in self.entries.values_mut() {
             if e.generation == generation {
@@ -322,6 +382,10 @@ pub(super) struct Scope {
     pub file_owners: Vec<(String, Owner)>,
     /// With debug logging: calls and time per unit template.
     pub timings: HashMap<String, (usize, std::time::Duration)>,
+    /// Per output template, in order: what its top level read and called.
+    pub traces: Vec<TopTrace>,
+    /// A template used a unit's output other than by printing it.
+    pub inspected: bool,
 }
 
 impl Scope {
@@ -355,6 +419,8 @@ impl Scope {
             newly_failed: HashMap::new(),
             file_owners: Vec::new(),
             timings: HashMap::new(),
+            traces: Vec::new(),
+            inspected: false,
         }
     }
 }
@@ -382,9 +448,54 @@ pub(super) fn leave() -> Option<Scope> {
     SCOPE.with(|s| s.borrow_mut().take())
 }
 
-/// Whether reads are being recorded (inside a unit): callers skip costly bookkeeping otherwise.
+/// Whether reads are being recorded: callers skip costly bookkeeping otherwise.
 pub(super) fn recording() -> bool {
     FRAMES.with(|f| !f.borrow().is_empty())
+}
+
+/// Whether the innermost frame is a unit's (not an output's top level).
+fn in_unit() -> bool {
+    FRAMES.with(|f| f.borrow().last().is_some_and(|f| f.top.is_none()))
+}
+
+/// Starts recording the top level of an output template.
+pub(super) fn begin_output() {
+    FRAMES.with(|f| {
+        f.borrow_mut().push(Frame {
+            top: Some(Vec::new()),
+            ..Frame::default()
+        })
+    });
+}
+
+/// Ends the top level of an output template; keeps its trace in the scope.
+pub(super) fn end_output() {
+    let frame = FRAMES.with(|f| f.borrow_mut().pop());
+    if let Some(Frame {
+        rec,
+        top: Some(calls),
+        ..
+    }) = frame
+    {
+        with_scope(|s| {
+            s.traces.push(TopTrace {
+                reads: rec.reads,
+                calls,
+            })
+        });
+    }
+}
+
+/// Notes a unit called from an output's top level.
+fn note_top_call(unit: &UnitKey, instance: Option<usize>) {
+    with_frame(|frame| {
+        if let Some(calls) = &mut frame.top {
+            calls.push(TopCall {
+                unit: unit.clone(),
+                instance,
+            });
+        }
+    });
 }
 
 /// Runs `f` on the innermost unit's frame (no-op outside units).
@@ -407,6 +518,7 @@ pub(super) fn note_effect(effect: Effect, undo: Undo) {
 
 pub(super) fn note_store_read(
     store: &str,
+    version: u64,
     method: StoreMethod,
     keys: &[String],
     result: &[Arc<serde_json::Value>],
@@ -417,12 +529,13 @@ pub(super) fn note_store_read(
             method,
             keys: keys.to_vec(),
             result: result.to_vec(),
+            version: Stamp(std::sync::atomic::AtomicU64::new(version)),
         });
     }
 }
 
 pub(super) fn note_shared_read(key: &str, value: Option<&Value>) {
-    if recording() {
+    if in_unit() {
         record_read(Read::Shared {
             key: key.to_string(),
             value: value.map(freeze),
@@ -431,7 +544,7 @@ pub(super) fn note_shared_read(key: &str, value: Option<&Value>) {
 }
 
 pub(super) fn note_seen(key: &str, fresh: bool) {
-    if recording() {
+    if in_unit() {
         record_read(Read::Seen {
             key: key.to_string(),
             fresh,
@@ -538,15 +651,42 @@ fn same_args(a: &[(String, Value)], b: &[(String, Value)]) -> bool {
 /// Whether a recorded read gives the same answer now.
 fn still_true(scope: &Scope, read: &Read) -> bool {
     match read {
+        Read::Shared { key, value } => {
+            let now = scope.shared.peek(key);
+            same_opt(now.map(|v| freeze(&v)).as_ref(), value.as_ref())
+        }
+        Read::Seen { key, fresh } => scope.shared.has_seen(key) != *fresh,
+        _ => input_unchanged(&scope.stores, scope.current.as_deref(), read),
+    }
+}
+
+/// Whether a read of the render's inputs (stores, `current_config`) gives the same answer
+/// now; reads of the render's own state (`shared`, `first_seen`) count as unchanged.
+pub(super) fn input_unchanged(
+    stores: &std::collections::BTreeMap<String, Arc<Store>>,
+    current: Option<&super::current_config::CurrentConfig>,
+    read: &Read,
+) -> bool {
+    match read {
         Read::Store {
             store,
             method,
             keys,
             result,
+            version,
         } => {
-            let Some(s) = scope.stores.get(store) else {
+            let Some(s) = stores.get(store) else {
                 return result.is_empty();
             };
+            let keys: &[String] = match method {
+                StoreMethod::List => &[],
+                _ => keys,
+            };
+            // Usually answered from the store's change log, without a lookup.
+            if s.changed_since(version.get(), keys) == Some(false) {
+                version.set(s.version());
+                return true;
+            }
             let now: Vec<Arc<serde_json::Value>> = match method {
                 StoreMethod::List => s.list().cloned().collect(),
                 StoreMethod::Fetch => match s.fetch(keys) {
@@ -558,17 +698,18 @@ fn still_true(scope: &Scope, read: &Read) -> bool {
                     Err(_) => return false,
                 },
             };
-            now.len() == result.len() && now.iter().zip(result).all(|(x, y)| Arc::ptr_eq(x, y))
+            let same =
+                now.len() == result.len() && now.iter().zip(result).all(|(x, y)| Arc::ptr_eq(x, y));
+            if same {
+                version.set(s.version());
+            }
+            same
         }
-        Read::Shared { key, value } => {
-            let now = scope.shared.peek(key);
-            same_opt(now.map(|v| freeze(&v)).as_ref(), value.as_ref())
-        }
-        Read::Seen { key, fresh } => scope.shared.has_seen(key) != *fresh,
         Read::Current { backend, value } => {
-            let now = scope.current.as_ref().and_then(|c| c.backend(backend));
+            let now = current.and_then(|c| c.backend(backend));
             now == value.as_ref()
         }
+        Read::Shared { .. } | Read::Seen { .. } => true,
     }
 }
 
@@ -637,7 +778,44 @@ fn marked(id: usize, text: &str) -> Value {
     out.push(MARK_ID_END);
     out.push_str(text);
     out.push(MARK_END);
-    Value::from_safe_string(out)
+    Value::from_object(UnitOutput(out))
+}
+
+/// What `unit()` returns: its output, marked, to be printed. The formatter prints it as is;
+/// using it any other way (as text, in a test or a filter, or printed into a `{% set %}`
+/// block or a macro) makes the render's top level depend on it, which rules out splicing
+/// (`splice`): the engine then notes that it was inspected.
+#[derive(Debug)]
+pub struct UnitOutput(String);
+
+impl UnitOutput {
+    pub(super) fn text(&self) -> &str {
+        &self.0
+    }
+}
+
+impl minijinja::value::Object for UnitOutput {
+    fn repr(self: &Arc<Self>) -> minijinja::value::ObjectRepr {
+        minijinja::value::ObjectRepr::Plain
+    }
+
+    fn is_true(self: &Arc<Self>) -> bool {
+        note_inspected();
+        true
+    }
+
+    fn render(self: &Arc<Self>, f: &mut fmt::Formatter<'_>) -> fmt::Result
+    where
+        Self: Sized + 'static,
+    {
+        note_inspected();
+        f.write_str(&self.0)
+    }
+}
+
+/// Notes that a template used a unit's output other than by printing it.
+pub(super) fn note_inspected() {
+    with_scope(|s| s.inspected = true);
 }
 
 /// Whether an error inside a unit is the unit's own (its data: `fail()`, a refused value, a
@@ -728,8 +906,12 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
     });
 
     match with_scope(|s| skip_reason(s, &ukey, &owner, &args)).flatten() {
-        Some(Skip::Silent) => return Ok(Value::from_safe_string(String::new())),
+        Some(Skip::Silent) => {
+            note_top_call(&ukey, None);
+            return Ok(Value::from_safe_string(String::new()));
+        }
         Some(Skip::Report(message)) => {
+            note_top_call(&ukey, None);
             with_scope(|s| s.drop_owner(&owner, message));
             return Ok(Value::from_safe_string(String::new()));
         }
@@ -876,6 +1058,7 @@ impl Scope {
 
     fn instance(&mut self, ukey: &UnitKey, owner: &Owner, fresh: bool, text: &str) -> Value {
         let id = self.instances.len();
+        note_top_call(ukey, Some(id));
         self.instances.push(Instance {
             unit: ukey.clone(),
             owner: owner.clone(),
@@ -959,8 +1142,12 @@ fn written_key(effect: &Effect) -> Option<String> {
 impl Frame {
     fn push_read(&mut self, read: Read) {
         let own = match &read {
-            Read::Shared { key, .. } => self.wrote.contains(&format!("s:{key}")),
-            Read::Seen { key, .. } => self.wrote.contains(&format!("f:{key}")),
+            Read::Shared { key, .. } => {
+                self.top.is_some() || self.wrote.contains(&format!("s:{key}"))
+            }
+            Read::Seen { key, .. } => {
+                self.top.is_some() || self.wrote.contains(&format!("f:{key}"))
+            }
             _ => false,
         };
         if !own {
@@ -969,6 +1156,9 @@ impl Frame {
     }
 
     fn push_effect(&mut self, effect: Effect, undo: Undo) {
+        if self.top.is_some() {
+            return;
+        }
         if let Some(key) = written_key(&effect) {
             self.wrote.insert(key);
         }
@@ -979,6 +1169,9 @@ impl Frame {
     /// Takes a child unit's reads (minus what this unit wrote itself) and its identity; its
     /// effects arrive separately (replayed, or through `absorb`).
     fn adopt_reads(&mut self, rec: &Recording, child: &UnitKey) {
+        if self.top.is_some() {
+            return;
+        }
         for r in &rec.reads {
             self.push_read(r.clone());
         }
@@ -988,6 +1181,9 @@ impl Frame {
 
     /// Takes a finished child unit's reads, effects and undo journal (one undo per effect).
     fn absorb(&mut self, rec: &Recording, undos: Vec<Undo>, child: &UnitKey) {
+        if self.top.is_some() {
+            return;
+        }
         self.adopt_reads(rec, child);
         for (effect, undo) in rec.effects.iter().cloned().zip(undos) {
             self.push_effect(effect, undo);
@@ -995,44 +1191,64 @@ impl Frame {
     }
 }
 
-/// Removes unit markers from a rendered output, returning the clean text and, per unit
-/// instance, the 1-based line range it covered.
-pub(super) fn strip_markers(text: &str) -> (String, Vec<(usize, usize, usize)>) {
+/// Where one unit instance's output landed in a text cleaned of markers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Mark {
+    pub id: usize,
+    /// 1-based lines of its first and last character.
+    pub first: usize,
+    pub last: usize,
+    /// Byte range in the clean text.
+    pub start: usize,
+    pub end: usize,
+}
+
+/// Removes unit markers from a rendered output, returning the clean text and where each unit
+/// instance landed (inner instances before the ones enclosing them).
+pub(super) fn strip_markers(text: &str) -> (String, Vec<Mark>) {
     if !text.contains(MARK_START) {
         return (text.to_string(), Vec::new());
     }
     let mut out = String::with_capacity(text.len());
-    let mut spans = Vec::new();
-    let mut open: Vec<(usize, usize)> = Vec::new();
+    let mut marks = Vec::new();
+    let mut open: Vec<(usize, usize, usize)> = Vec::new();
     let mut line = 1usize;
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
+    let mut rest = text;
+    // Copy runs of plain text at once; only markers and new lines need attention.
+    while let Some(i) = rest.find([MARK_START, MARK_END, '\n']) {
+        out.push_str(&rest[..i]);
+        let c = rest[i..].chars().next().unwrap_or_default();
+        rest = &rest[i + c.len_utf8()..];
         match c {
             MARK_START => {
-                let mut id = String::new();
-                for d in chars.by_ref() {
-                    if d == MARK_ID_END {
-                        break;
-                    }
-                    id.push(d);
-                }
+                let (id, after) = match rest.find(MARK_ID_END) {
+                    Some(j) => (&rest[..j], &rest[j + MARK_ID_END.len_utf8()..]),
+                    None => (rest, ""),
+                };
+                rest = after;
                 if let Ok(id) = id.parse::<usize>() {
-                    open.push((id, line));
+                    open.push((id, line, out.len()));
                 }
             }
             MARK_END => {
-                if let Some((id, first)) = open.pop() {
-                    spans.push((id, first, line));
+                if let Some((id, first, start)) = open.pop() {
+                    marks.push(Mark {
+                        id,
+                        first,
+                        last: line,
+                        start,
+                        end: out.len(),
+                    });
                 }
             }
-            '\n' => {
+            _ => {
                 line += 1;
                 out.push(c);
             }
-            _ => out.push(c),
         }
     }
-    (out, spans)
+    out.push_str(rest);
+    (out, marks)
 }
 
 /// Records an append to the shared list under `shared_key` (`shared.append`, or `append` on a
@@ -1044,4 +1260,83 @@ pub(super) fn note_collector_append(shared_key: Option<&str>, item: &Value) {
             Undo::SharedAppend(k.to_string()),
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Support for splicing (`splice`)
+
+/// Renders one memoized unit again on its own, in the installed scope (whose `shared` holds
+/// what the unit read there in the last render). Returns its text and recording.
+pub(super) fn rerender(
+    env: &minijinja::Environment<'_>,
+    template: &str,
+    args: &[(String, Value)],
+) -> Option<(String, Recording)> {
+    let root = with_scope(|s| s.root.clone())?;
+    let vars: std::collections::BTreeMap<String, Value> = args.iter().cloned().collect();
+    let ctx = minijinja::value::merge_maps([Value::from(vars), root]);
+    FRAMES.with(|f| f.borrow_mut().push(Frame::default()));
+    let result = env.get_template(template).and_then(|t| t.render(ctx));
+    let frame = FRAMES.with(|f| f.borrow_mut().pop()).unwrap_or_default();
+    result.ok().map(|text| (text, frame.rec))
+}
+
+/// A `shared` holding what a unit read from it (and which `first_seen` keys it found taken)
+/// in its recording: the state at the unit's place in the render, as long as every unit
+/// before it did the same as before.
+pub(super) fn seeded_shared(rec: &Recording) -> Shared {
+    let shared = Shared::default();
+    for read in &rec.reads {
+        match read {
+            Read::Shared {
+                key,
+                value: Some(v),
+            } => {
+                shared.set_value(key, v.clone());
+            }
+            Read::Seen { key, fresh: false } => shared.mark_seen(key),
+            _ => {}
+        }
+    }
+    shared
+}
+
+/// Whether a recording read `shared` or `first_seen` state.
+pub(super) fn reads_render_state(rec: &Recording) -> bool {
+    rec.reads
+        .iter()
+        .any(|r| matches!(r, Read::Shared { .. } | Read::Seen { .. }))
+}
+
+/// Whether a unit rendered again read only `shared` and `first_seen` answers its previous
+/// recording knew, and did exactly what it did before.
+pub(super) fn same_behaviour(new: &Recording, old: &Recording) -> bool {
+    let known = |read: &Read| {
+        match read {
+        Read::Shared { key, value } => old.reads.iter().any(|r| {
+            matches!(r, Read::Shared { key: k, value: v } if k == key && same_opt(v.as_ref(), value.as_ref()))
+        }),
+        Read::Seen { key, fresh } => old
+            .reads
+            .iter()
+            .any(|r| matches!(r, Read::Seen { key: k, fresh: f } if k == key && f == fresh)),
+        _ => true,
+    }
+    };
+    new.children.is_empty()
+        && old.children.is_empty()
+        && new.reads.iter().all(known)
+        && new.effects.len() == old.effects.len()
+        && new.effects.iter().zip(&old.effects).all(|pair| match pair {
+            (Effect::SharedSet(k1, v1), Effect::SharedSet(k2, v2))
+            | (Effect::SharedAppend(k1, v1), Effect::SharedAppend(k2, v2)) => {
+                k1 == k2 && same(v1, v2)
+            }
+            (Effect::Seen(a), Effect::Seen(b)) => a == b,
+            (Effect::Status(k1, v1), Effect::Status(k2, v2)) => k1 == k2 && v1 == v2,
+            (Effect::File(k1, n1, c1), Effect::File(k2, n2, c2)) => {
+                k1 == k2 && n1 == n2 && c1 == c2
+            }
+            _ => false,
+        })
 }

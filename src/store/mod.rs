@@ -9,8 +9,9 @@
 pub mod path;
 pub mod selector;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use serde_json::Value;
@@ -69,20 +70,91 @@ struct Entry {
     object: Arc<Value>,
 }
 
+/// How many recent changes a store remembers for [`Store::changed_since`].
+const CHANGE_LOG: usize = 1024;
+
+/// Versions are unique across all stores: a store that passed through version `v` descends
+/// from the store that had it.
+static VERSIONS: AtomicU64 = AtomicU64::new(1);
+
+fn next_version() -> u64 {
+    VERSIONS.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Objects of one resource type, indexed by their `indexBy` composite key.
 #[derive(Debug, Clone)]
 pub struct Store {
     index_by: Arc<[PathExpr]>,
     objects: BTreeMap<ObjectKey, Entry>,
     index: BTreeMap<(Vec<String>, ObjectKey), Arc<Value>>,
+    /// Stamped on every change.
+    version: u64,
+    /// The index keys the latest changes touched (old and new), by version, oldest first;
+    /// every change after `log_floor` is here.
+    log: VecDeque<(u64, Arc<[String]>)>,
+    log_floor: u64,
 }
 
 impl Store {
     pub fn new(index_by: Vec<PathExpr>) -> Store {
+        let version = next_version();
         Store {
             index_by: index_by.into(),
             objects: BTreeMap::new(),
             index: BTreeMap::new(),
+            version,
+            log: VecDeque::new(),
+            log_floor: version,
+        }
+    }
+
+    /// The version of this state of the store (unique across stores and changes).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Whether a lookup by `keys` (all or a prefix of the index key; none for `list()`) may
+    /// answer differently now than when this store's history was at `since`. `None` when
+    /// that is unknown: `since` is not a state this store passed through, or too long ago.
+    pub fn changed_since(&self, since: u64, keys: &[String]) -> Option<bool> {
+        if since == self.version {
+            return Some(false);
+        }
+        let after = self.log.partition_point(|(v, _)| *v <= since);
+        let passed = since == self.log_floor || (after > 0 && self.log[after - 1].0 == since);
+        if !passed {
+            return None;
+        }
+        Some(
+            self.log
+                .range(after..)
+                .any(|(_, changed)| changed.starts_with(keys)),
+        )
+    }
+
+    /// The index keys changed since this store's history was at `since` (old and new keys of
+    /// updated objects); `None` when unknown (as for [`Store::changed_since`]).
+    pub fn changes_since(&self, since: u64) -> Option<impl Iterator<Item = &[String]>> {
+        let after = self.log.partition_point(|(v, _)| *v <= since);
+        let passed = since == self.version
+            || since == self.log_floor
+            || (after > 0 && self.log[after - 1].0 == since);
+        passed.then(|| self.log.range(after..).map(|(_, k)| &k[..]))
+    }
+
+    fn log_change(&mut self, index_keys: &[&[String]]) {
+        self.version = next_version();
+        for key in index_keys {
+            self.log.push_back((self.version, Arc::from(*key)));
+        }
+        while self.log.len() > CHANGE_LOG {
+            if let Some((v, _)) = self.log.pop_front() {
+                // A version's entries are all dropped before a lookup may start after it.
+                self.log_floor = v;
+                while self.log.front().is_some_and(|(w, _)| *w == v) {
+                    self.log.pop_front();
+                }
+            }
         }
     }
 
@@ -126,8 +198,15 @@ impl Store {
                 return Err(e);
             }
         };
-        if let Some(old) = self.objects.remove(&key) {
-            self.index.remove(&(old.index_key, key.clone()));
+        let old = self.objects.remove(&key);
+        if let Some(old) = &old {
+            self.index.remove(&(old.index_key.clone(), key.clone()));
+        }
+        match &old {
+            Some(old) if old.index_key != index_key => {
+                self.log_change(&[&old.index_key, &index_key])
+            }
+            _ => self.log_change(&[&index_key]),
         }
         self.index
             .insert((index_key.clone(), key.clone()), object.clone());
@@ -139,6 +218,7 @@ impl Store {
     pub fn delete(&mut self, key: &ObjectKey) -> bool {
         match self.objects.remove(key) {
             Some(old) => {
+                self.log_change(&[&old.index_key]);
                 self.index.remove(&(old.index_key, key.clone()));
                 true
             }
@@ -357,5 +437,56 @@ mod tests {
         assert!(filter
             .prepare(json!({"metadata": {"namespace": "dev"}}))
             .is_none());
+    }
+
+    #[test]
+    fn change_log_answers_which_lookups_changed() {
+        let mut s = store();
+        s.upsert(slice("a", "one", "web")).unwrap();
+        s.upsert(slice("b", "two", "api")).unwrap();
+        let since = s.version();
+        assert_eq!(s.changed_since(since, &k(&["a"])), Some(false));
+        s.upsert(slice("a", "one", "web")).unwrap();
+        assert_eq!(s.changed_since(since, &k(&["a", "web"])), Some(true));
+        assert_eq!(s.changed_since(since, &k(&["a"])), Some(true));
+        assert_eq!(s.changed_since(since, &[]), Some(true), "list() changed");
+        assert_eq!(s.changed_since(since, &k(&["b", "api"])), Some(false));
+        assert_eq!(s.changed_since(since, &k(&["a", "api"])), Some(false));
+        // Moving between keys changes both; deleting changes the old one.
+        let moved = s.version();
+        s.upsert(slice("a", "one", "api")).unwrap();
+        assert_eq!(s.changed_since(moved, &k(&["a", "web"])), Some(true));
+        assert_eq!(s.changed_since(moved, &k(&["a", "api"])), Some(true));
+        let deleted = s.version();
+        s.delete(&("b".into(), "two".into()));
+        assert_eq!(s.changed_since(deleted, &k(&["b", "api"])), Some(true));
+        assert_eq!(
+            s.changes_since(since).unwrap().count(),
+            4,
+            "one update, one move (two keys), one delete"
+        );
+    }
+
+    #[test]
+    fn change_log_refuses_unknown_history() {
+        let mut s = store();
+        s.upsert(slice("a", "one", "web")).unwrap();
+        let base = s.version();
+        // Two stores derived from one: neither knows the other's change.
+        let mut left = s.clone();
+        let mut right = s.clone();
+        left.upsert(slice("a", "two", "web")).unwrap();
+        right.upsert(slice("b", "three", "api")).unwrap();
+        assert_eq!(right.changed_since(left.version(), &k(&["b"])), None);
+        assert_eq!(right.changed_since(base, &k(&["a"])), Some(false));
+        // Another store with the same contents never shares a version.
+        let mut other = store();
+        other.upsert(slice("a", "one", "web")).unwrap();
+        assert_eq!(other.changed_since(base, &k(&["a"])), None);
+        // Past the log's reach the answer is unknown.
+        for i in 0..=CHANGE_LOG {
+            s.upsert(slice("c", &format!("n{i}"), "x")).unwrap();
+        }
+        assert_eq!(s.changed_since(base, &k(&["a"])), None);
     }
 }

@@ -161,11 +161,11 @@ fn attribute(message: &str, rendered: &Rendered) -> BTreeSet<Owner> {
             if let Some(span) = rendered
                 .units
                 .iter()
-                .filter(|s| Some(s.output.as_str()) == output.as_deref())
+                .filter(|s| Some(&*s.output) == output.as_deref())
                 .filter(|s| s.first <= number && number <= s.last)
                 .min_by_key(|s| s.last - s.first)
             {
-                guilty.insert(span.owner.clone());
+                guilty.insert((*span.owner).clone());
             }
         }
         for quoted in line.split('\'').skip(1).step_by(2) {
@@ -233,7 +233,7 @@ fn bisect(
         .units
         .iter()
         .filter(|s| s.fresh)
-        .map(|s| s.owner.clone())
+        .map(|s| (*s.owner).clone())
         .collect();
     let mut candidates: Vec<Owner> = suspects.into_iter().collect();
     if candidates.is_empty() {
