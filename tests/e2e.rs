@@ -89,17 +89,20 @@ fn seen_backends(c: &Cluster, host: &str, n: usize) -> BTreeSet<String> {
 
 fn metrics(c: &Cluster, controller: usize) -> String {
     let ctrl = &c.controllers[controller];
-    ctrl.get(ctrl.metrics_port, "/metrics")
-        .map(|(_, body)| body)
-        .unwrap_or_default()
+    let (status, body) = ctrl
+        .get(ctrl.metrics_port, "/metrics")
+        .unwrap_or_else(|| panic!("controller {controller} /metrics unreachable"));
+    assert_eq!(status, 200, "controller {controller} /metrics: {body}");
+    body
 }
 
+/// The value of a series; a missing series fails the test (it is not a zero).
 fn metric_value(text: &str, series: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(series))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+        .unwrap_or_else(|| panic!("no series {series} in:\n{text}"))
 }
 
 #[test]
@@ -523,7 +526,7 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
     // A real Prometheus scrapes the endpoint.
     let dir = c.dir.0.join("prometheus");
     std::fs::create_dir_all(&dir).unwrap();
-    let port = support::cluster::free_port("127.0.0.1");
+    let (ip, port) = (support::unique_loopback(), 9090);
     std::fs::write(
         dir.join("prometheus.yml"),
         format!("global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: haptic\n  static_configs:\n  - targets: ['127.0.0.1:{}']\n", c.controllers[0].metrics_port),
@@ -538,14 +541,14 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
             "--storage.tsdb.path={}",
             dir.join("data").display()
         ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .arg(format!("--web.listen-address={ip}:{port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let scraped = || {
         support::cluster::http_get(
-            "127.0.0.1",
+            &ip,
             port,
             "localhost",
             "/api/v1/query?query=haptic_build_info",
@@ -579,7 +582,13 @@ fn legacy_plain_http_transport_with_basic_auth() {
 fn pods_running_another_haproxy_version_are_refused_with_an_event() {
     require("haproxy");
     let mut c = Cluster::start(&[]);
-    // The controller validates with what claims to be HAProxy 3.2; the pods run Debian's 2.6.
+    // The controller validates with what claims to be HAProxy 3.2; the pods run the machine's
+    // HAProxy (Debian's 2.6 here; any version but 3.2 does).
+    let local = local_haproxy_version();
+    assert_ne!(
+        local, "3.2",
+        "the test needs pods running another HAProxy than 3.2"
+    );
     let fake = c.dir.0.join("haproxy-3.2");
     std::fs::write(&fake, "#!/bin/sh\nif [ \"$1\" = -v ]; then echo 'HAProxy version 3.2.4-1 2025/08/14'; exit 0; fi\nexec haproxy \"$@\"\n").unwrap();
     std::process::Command::new("chmod")
@@ -593,8 +602,11 @@ fn pods_running_another_haproxy_version_are_refused_with_an_event() {
     c.start_controller("ctrl-a");
     wait_for("a Warning event on the pod", DEADLINE, || {
         let (_, out) = c.kubectl(&["get", "events", "-o", "jsonpath={range .items[*]}{.reason} {.involvedObject.kind}/{.involvedObject.name}: {.message}{\"\\n\"}{end}"], None);
-        out.lines()
-            .any(|l| l.starts_with("HAProxyVersionMismatch Pod/haproxy-0: runs HAProxy 2.6"))
+        out.lines().any(|l| {
+            l.starts_with(&format!(
+                "HAProxyVersionMismatch Pod/haproxy-0: runs HAProxy {local}"
+            ))
+        })
     });
     let ctrl = &c.controllers[0];
     let (_, pods) = ctrl.get(ctrl.health_port, "/debug/pods").unwrap();
@@ -604,4 +616,19 @@ fn pods_running_another_haproxy_version_are_refused_with_an_event() {
     );
     let bootstrap = support::cluster::http_get(&c.pods[0].ip, c.status_port, "x", "/").map(|r| r.0);
     assert_eq!(bootstrap, Some(503), "the pod keeps its bootstrap config");
+}
+
+/// `major.minor` of the `haproxy` on PATH.
+fn local_haproxy_version() -> String {
+    let out = std::process::Command::new("haproxy")
+        .arg("-v")
+        .output()
+        .expect("run haproxy -v");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text
+        .split_whitespace()
+        .skip_while(|w| *w != "version")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no version in {text:?}"));
+    version.split('.').take(2).collect::<Vec<_>>().join(".")
 }

@@ -205,7 +205,11 @@ fn serve(raw: &[String]) -> Result<(), String> {
     }
     let listen = args.get("--listen").unwrap_or("0.0.0.0:5555");
     let probe_listen = args.get("--probe-listen").unwrap_or("0.0.0.0:5556");
+    // Fault injection for the crash-recovery tests; compiled out of release builds.
+    #[cfg(debug_assertions)]
     let fault = std::env::var("HAPTIC_AGENT_FAULT").ok();
+    #[cfg(not(debug_assertions))]
+    let fault = None;
     let agent = Arc::new(Agent::open(&config_dir, haproxy, fault)?);
     let api = TcpListener::bind(listen).map_err(|e| format!("listen on {listen}: {e}"))?;
     let probes =

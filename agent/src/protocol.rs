@@ -393,6 +393,31 @@ impl Default for Drift {
 mod tests {
     use super::*;
 
+    /// The hash is a wire contract between controller and agent versions: pinned to a value
+    /// computed independently (Python's hashlib over the documented framing).
+    #[test]
+    fn bundle_hash_known_answer() {
+        let bundle = Bundle::new(
+            "global\n".into(),
+            vec![
+                BundleFile {
+                    kind: FileKind::Map,
+                    path: "maps/b.map".into(),
+                    content: b"k v\n".to_vec(),
+                },
+                BundleFile {
+                    kind: FileKind::Cert,
+                    path: "certs/a.pem".into(),
+                    content: b"X".to_vec(),
+                },
+            ],
+        );
+        assert_eq!(
+            bundle.hash().to_string(),
+            "6a24a4b2b83e645ad61e2716b6a1254bc5e52d14dacf940060067bbbff6588cb"
+        );
+    }
+
     #[test]
     fn wire_round_trip_keeps_binary_files_and_refuses_bad_input() {
         let bundle = Bundle::new(

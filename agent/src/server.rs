@@ -1,11 +1,13 @@
 //! The agent's listeners: the API (mutual TLS, or the explicit legacy plain-HTTP mode with basic
-//! auth) and the plain probe port. One thread per connection, bounded; one request per
-//! connection; read and write timeouts on the socket and a deadline for the whole request.
+//! auth) and the plain probe port. One thread per connection, bounded overall and per peer
+//! address ([`ConnectionGate`]); one request per connection; a short deadline for the TLS
+//! handshake (peers without a certificate cannot hold connections open), read and write
+//! timeouts on the socket and a deadline for the whole request.
 
+use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::net::{IpAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rustls::{ServerConnection, StreamOwned};
@@ -39,7 +41,11 @@ pub struct ServerLimits {
     pub io_timeout: Duration,
     /// For reading a whole request.
     pub request_timeout: Duration,
+    /// For completing the TLS handshake (until then the peer is unauthenticated).
+    pub handshake_timeout: Duration,
     pub max_connections: usize,
+    /// Connections open at once from one peer address.
+    pub max_per_peer: usize,
 }
 
 impl Default for ServerLimits {
@@ -48,9 +54,92 @@ impl Default for ServerLimits {
             http: Limits::default(),
             io_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
-            max_connections: 32,
+            handshake_timeout: Duration::from_secs(3),
+            max_connections: 128,
+            max_per_peer: 8,
         }
     }
+}
+
+/// Admits connections: at most `max` open at once, and at most `per_peer` from one address,
+/// so that one peer (an idle flood, a slow client) cannot take every slot from the others.
+#[derive(Debug)]
+pub struct ConnectionGate {
+    max: usize,
+    per_peer: usize,
+    open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+/// An admitted connection; its slot is given back when this is dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    gate: Arc<ConnectionGate>,
+    peer: IpAddr,
+}
+
+impl ConnectionGate {
+    pub fn new(max: usize, per_peer: usize) -> Arc<ConnectionGate> {
+        Arc::new(ConnectionGate {
+            max,
+            per_peer,
+            open: Mutex::new((0, HashMap::new())),
+        })
+    }
+
+    /// A slot for a connection from `peer`, or why there is none.
+    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Admitted, &'static str> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        if open.0 >= self.max {
+            return Err("too many connections");
+        }
+        let from_peer = open.1.entry(peer).or_insert(0);
+        if *from_peer >= self.per_peer {
+            return Err("too many connections from this address");
+        }
+        *from_peer += 1;
+        open.0 += 1;
+        Ok(Admitted {
+            gate: self.clone(),
+            peer,
+        })
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut open = self.gate.open.lock().unwrap_or_else(|e| e.into_inner());
+        open.0 -= 1;
+        if let Some(n) = open.1.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                open.1.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Completes a server-side TLS handshake by `deadline` (a peer that sends nothing, or too
+/// slowly, is dropped); leaves the socket's read timeout at `io_timeout`.
+pub fn complete_handshake(
+    conn: &mut ServerConnection,
+    sock: &mut TcpStream,
+    deadline: Instant,
+    io_timeout: Duration,
+) -> Result<(), String> {
+    while conn.is_handshaking() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err("handshake not completed in time".into());
+        }
+        let _ = sock.set_read_timeout(Some(left));
+        if let Err(e) = conn.complete_io(sock) {
+            // Send the alert (e.g. a refused certificate) before closing.
+            let _ = conn.write_tls(sock);
+            return Err(e.to_string());
+        }
+    }
+    let _ = sock.set_read_timeout(Some(io_timeout));
+    Ok(())
 }
 
 /// Accepts API connections forever (run it on its own thread).
@@ -113,7 +202,7 @@ fn serve(
     handler: impl Fn(TcpStream) + Send + Sync + 'static,
 ) {
     let handler = Arc::new(handler);
-    let active = Arc::new(AtomicUsize::new(0));
+    let gate = ConnectionGate::new(limits.max_connections, limits.max_per_peer);
     for stream in listener.incoming() {
         let stream = match stream {
             Ok(s) => s,
@@ -123,23 +212,25 @@ fn serve(
                 continue;
             }
         };
-        if active.load(Ordering::SeqCst) >= limits.max_connections {
-            log::warn!(
-                "too many connections, refusing peer={:?}",
-                stream.peer_addr().ok()
-            );
+        let Ok(peer) = stream.peer_addr() else {
             continue;
-        }
+        };
+        let admitted = match gate.admit(peer.ip()) {
+            Ok(a) => a,
+            Err(why) => {
+                log::debug!("refusing connection peer={peer}: {why}");
+                continue;
+            }
+        };
         let _ = stream.set_read_timeout(Some(limits.io_timeout));
         let _ = stream.set_write_timeout(Some(limits.io_timeout));
         let _ = stream.set_nodelay(true);
-        active.fetch_add(1, Ordering::SeqCst);
-        let (handler, active) = (handler.clone(), active.clone());
+        let handler = handler.clone();
         let spawned = std::thread::Builder::new()
             .name("agent-conn".into())
             .spawn(move || {
                 handler(stream);
-                active.fetch_sub(1, Ordering::SeqCst);
+                drop(admitted);
             });
         if let Err(e) = spawned {
             log::error!("cannot start a connection thread: {e}");
@@ -158,12 +249,15 @@ fn serve_tls(agent: &Arc<Agent>, stream: TcpStream, tls: &ReloadingTls, limits: 
     };
     let mut tls_stream = StreamOwned::new(conn, stream);
     // Finish the handshake first so refused clients are logged as such (and get their alert).
-    while tls_stream.conn.is_handshaking() {
-        if let Err(e) = tls_stream.conn.complete_io(&mut tls_stream.sock) {
-            log::info!("TLS handshake refused peer={peer:?}: {e}");
-            let _ = tls_stream.conn.write_tls(&mut tls_stream.sock);
-            return;
-        }
+    let deadline = Instant::now() + limits.handshake_timeout;
+    if let Err(e) = complete_handshake(
+        &mut tls_stream.conn,
+        &mut tls_stream.sock,
+        deadline,
+        limits.io_timeout,
+    ) {
+        log::info!("TLS handshake refused peer={peer:?}: {e}");
+        return;
     }
     let mut reader = BufReader::new(tls_stream);
     handle(&mut reader, limits, |head, body| {

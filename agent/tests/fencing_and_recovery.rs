@@ -11,9 +11,9 @@ use support::*;
 /// A small valid configuration; `variant` changes it structurally (a reload-class change).
 fn bundle(env: &Env, variant: u32) -> Bundle {
     let cfg = format!(
-        "{}frontend fe\n    bind 127.0.0.1:{}\n    use_backend %[req.hdr(host),lower,map({}/maps/host.map,be_a)]\nbackend be_a\n    http-request return status 200 content-type text/plain string v{variant}\n",
+        "{}frontend fe\n    bind {}\n    use_backend %[req.hdr(host),lower,map({}/maps/host.map,be_a)]\nbackend be_a\n    http-request return status 200 content-type text/plain string v{variant}\n",
         env.global(),
-        env.fe_port,
+        env.fe,
         env.cfg_dir.display()
     );
     Bundle::new(
@@ -190,7 +190,7 @@ fn agent_killed_mid_apply_recovers_consistently() {
         pid,
         "the interrupted apply was finished with a reload"
     );
-    assert_eq!(http_get(env.fe_port, "x.example").unwrap(), "v2");
+    assert_eq!(http_get(&env.fe, "x.example").unwrap(), "v2");
     assert_eq!(env.put(&v2).1["result"], "no_change");
 }
 
@@ -213,7 +213,7 @@ fn haproxy_restarted_with_the_bootstrap_config_reports_bootstrap() {
     assert_eq!(state["mode"], "bootstrap", "{state:#}");
     assert!(state["bundle"].is_null());
     assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 503);
-    assert_eq!(http_get(env.fe_port, "x.example").unwrap(), "bootstrap");
+    assert_eq!(http_get(&env.fe, "x.example").unwrap(), "bootstrap");
 
     // A base other than `*` cannot match; a takeover push re-applies the bundle.
     let (status, _) = env.put_with(&v1, "", &[("If-Match", v1.hash().as_str())]);
@@ -225,7 +225,7 @@ fn haproxy_restarted_with_the_bootstrap_config_reports_bootstrap() {
         "{body:#}"
     );
     assert_eq!(env.state()["mode"], "applied");
-    assert_eq!(http_get(env.fe_port, "x.example").unwrap(), "v1");
+    assert_eq!(http_get(&env.fe, "x.example").unwrap(), "v1");
     assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 200);
 }
 

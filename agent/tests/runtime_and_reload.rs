@@ -16,9 +16,9 @@ use support::*;
 fn config(env: &Env, be_a: &[String], b1: u16, extra: &str) -> String {
     let servers: String = be_a.iter().map(|s| format!("    {s}\n")).collect();
     format!(
-        "{}frontend fe\n    bind 127.0.0.1:{}\n    use_backend %[req.hdr(host),lower,map({}/maps/host.map,be_a)]\nbackend be_a\n    balance roundrobin\n{servers}backend be_b\n    server SRV_1 127.0.0.1:{b1} enabled\n{extra}",
+        "{}frontend fe\n    bind {}\n    use_backend %[req.hdr(host),lower,map({}/maps/host.map,be_a)]\nbackend be_a\n    balance roundrobin\n{servers}backend be_b\n    server SRV_1 127.0.0.1:{b1} enabled\n{extra}",
         env.global(),
-        env.fe_port,
+        env.fe,
         env.cfg_dir.display()
     )
 }
@@ -47,7 +47,7 @@ fn endpoint_moves_through_slots_are_runtime_and_keep_the_worker() {
         "",
     );
     env.apply(&bundle(v1, ""), "reload");
-    assert_eq!(http_get(env.fe_port, "a.example").unwrap(), "a1");
+    assert_eq!(http_get(&env.fe, "a.example").unwrap(), "a1");
     assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 200);
     let pid = env.worker_pid();
 
@@ -74,7 +74,7 @@ fn endpoint_moves_through_slots_are_runtime_and_keep_the_worker() {
     assert_eq!(reply["worker_pid_before"], reply["worker_pid_after"]);
     assert_eq!(env.worker_pid(), pid, "a runtime change must not reload");
     for _ in 0..6 {
-        assert_eq!(http_get(env.fe_port, "a.example").unwrap(), "a2");
+        assert_eq!(http_get(&env.fe, "a.example").unwrap(), "a2");
     }
 
     // Weight only, and a comment change (pod renamed): runtime, then nothing.
@@ -124,7 +124,7 @@ fn map_replace_uses_prepare_and_commit_and_changes_routing() {
         "",
     );
     env.apply(&bundle(cfg.clone(), "b.example be_a\n"), "reload");
-    assert_eq!(http_get(env.fe_port, "b.example").unwrap(), "a1");
+    assert_eq!(http_get(&env.fe, "b.example").unwrap(), "a1");
     let pid = env.worker_pid();
 
     let map = "# routes\nb.example be_b\n\nc.example be_b\n";
@@ -148,8 +148,8 @@ fn map_replace_uses_prepare_and_commit_and_changes_routing() {
         "show map equals the file"
     );
     assert_eq!(env.disk("maps/host.map").unwrap(), map);
-    assert_eq!(http_get(env.fe_port, "b.example").unwrap(), "b1");
-    assert_eq!(http_get(env.fe_port, "c.example").unwrap(), "b1");
+    assert_eq!(http_get(&env.fe, "b.example").unwrap(), "b1");
+    assert_eq!(http_get(&env.fe, "c.example").unwrap(), "b1");
     assert_eq!(env.worker_pid(), pid);
 
     // Larger than one tune.bufsize: sent in chunks.
@@ -171,9 +171,9 @@ fn map_replace_uses_prepare_and_commit_and_changes_routing() {
             .count(),
         2000
     );
-    assert_eq!(http_get(env.fe_port, "host1999.example").unwrap(), "b1");
+    assert_eq!(http_get(&env.fe, "host1999.example").unwrap(), "b1");
     assert_eq!(
-        http_get(env.fe_port, "c.example").unwrap(),
+        http_get(&env.fe, "c.example").unwrap(),
         "a1",
         "removed entry falls back to the default"
     );
@@ -261,13 +261,13 @@ fn structural_change_reloads_without_dropping_requests() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let served = Arc::new(AtomicUsize::new(0));
-    let port = env.fe_port;
+    let port = env.fe.clone();
     let looper = {
         let (stop, served) = (stop.clone(), served.clone());
         std::thread::spawn(move || {
             let mut errors = Vec::new();
             while !stop.load(Ordering::SeqCst) {
-                match http_get(port, "a.example") {
+                match http_get(&port, "a.example") {
                     Ok(body) if body == "a1" => {
                         served.fetch_add(1, Ordering::SeqCst);
                     }
@@ -305,7 +305,7 @@ fn structural_change_reloads_without_dropping_requests() {
         errors.is_empty(),
         "requests failed during the reload: {errors:?}"
     );
-    assert_eq!(http_get(env.fe_port, "c.example").unwrap(), "c1");
+    assert_eq!(http_get(&env.fe, "c.example").unwrap(), "c1");
 }
 
 #[test]
@@ -352,7 +352,7 @@ fn invalid_config_is_refused_and_nothing_changes() {
     let state = env.state();
     assert_eq!(state["bundle"], v1.hash().as_str());
     assert_eq!(state["last_apply"]["status"], 422);
-    assert_eq!(http_get(env.fe_port, "b.example").unwrap(), "b1");
+    assert_eq!(http_get(&env.fe, "b.example").unwrap(), "b1");
 }
 
 #[test]
@@ -396,7 +396,7 @@ fn reload_failure_rolls_back_and_the_old_worker_keeps_serving() {
         "the old worker is still the current one"
     );
     assert_eq!(
-        http_get(env.fe_port, "a.example").unwrap(),
+        http_get(&env.fe, "a.example").unwrap(),
         "a1",
         "and still serves"
     );
@@ -408,7 +408,7 @@ fn reload_failure_rolls_back_and_the_old_worker_keeps_serving() {
     // The next good bundle reloads normally.
     env.apply(&v2, "reload");
     assert_ne!(env.worker_pid(), pid);
-    assert_eq!(http_get(env.fe_port, "z.example").unwrap(), "b1");
+    assert_eq!(http_get(&env.fe, "z.example").unwrap(), "b1");
 }
 
 #[test]
@@ -485,5 +485,5 @@ fn refused_runtime_command_falls_back_to_a_reload_with_the_new_files() {
     );
     assert_ne!(env.worker_pid(), pid, "converged by reloading");
     assert!(env.runtime("get weight be_a/SRV_1").starts_with("20 "));
-    assert_eq!(http_get(env.fe_port, "a.example").unwrap(), "a1");
+    assert_eq!(http_get(&env.fe, "a.example").unwrap(), "a1");
 }

@@ -13,9 +13,9 @@ use support::*;
 
 fn small_bundle(env: &Env, files: Vec<haptic_agent::protocol::BundleFile>) -> Bundle {
     let cfg = format!(
-        "{}frontend fe\n    bind 127.0.0.1:{}\n    http-request return status 200\n",
+        "{}frontend fe\n    bind {}\n    http-request return status 200\n",
         env.global(),
-        env.fe_port
+        env.fe
     );
     Bundle::new(cfg, files)
 }
@@ -273,4 +273,72 @@ fn rotated_tls_files_are_picked_up_without_a_restart() {
     // A broken rotation keeps the working configuration.
     std::fs::write(tls.join("agent.key"), "garbage").unwrap();
     assert_eq!(status(ClientCert::OtherSet), Some(200));
+}
+
+/// A TCP connection to 127.0.0.1:`port` from another loopback address (another peer).
+fn connect_from(source: [u8; 4], port: u16) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let addr = |ip: [u8; 4], port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip),
+        },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: plain socket calls on a descriptor this function owns until it is wrapped.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        let local = addr(source, 0);
+        if libc::bind(fd, &local as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let remote = addr([127, 0, 0, 1], port);
+        if libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
+
+#[test]
+fn idle_unauthenticated_connections_do_not_lock_the_controller_out() {
+    let env = Env::start(Options::default());
+    // A peer without a certificate opens many connections and never starts a handshake.
+    let flood: Vec<TcpStream> = (0..200)
+        .filter_map(|_| connect_from([127, 0, 0, 2], env.api_port).ok())
+        .collect();
+    assert!(
+        flood.len() >= 100,
+        "only {} connections opened",
+        flood.len()
+    );
+    // Meanwhile the controller (with its certificate, from its own address) keeps asking.
+    for i in 0..10 {
+        let result = env.client.get(&env.url("/v1/state")).call();
+        assert_eq!(
+            result
+                .map(|r| r.status().as_u16())
+                .map_err(|e| e.to_string()),
+            Ok(200),
+            "request {i} during the flood"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The flood's connections are closed: most at once (per-peer limit), the rest when the
+    // handshake deadline passes. None is kept open.
+    for (i, mut s) in flood.into_iter().enumerate() {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut buf = [0u8; 16];
+        match s.read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("flood connection {i} still open: {other:?}"),
+        }
+    }
 }

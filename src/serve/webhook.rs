@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use haptic_agent::reload::Reloading;
 
 use haptic_agent::http::{self, Limits, Response};
+use haptic_agent::server::{complete_handshake, ConnectionGate};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, ServerConnection, StreamOwned};
@@ -65,6 +66,13 @@ struct Webhook {
     cache: Mutex<RenderCache>,
 }
 
+/// Connections served at once, and from one peer address.
+const MAX_CONNECTIONS: usize = 64;
+const MAX_PER_PEER: usize = 16;
+/// A peer must finish the TLS handshake within this (the API server does in milliseconds).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
+const IO_TIMEOUT: Duration = Duration::from_secs(15);
+
 pub fn start(
     addr: &str,
     cert_dir: &Path,
@@ -89,16 +97,29 @@ pub fn start(
         haproxy_bin,
         cache: Mutex::new(RenderCache::new()),
     });
+    // Bounded overall and per peer address: in-cluster peers without a certificate the API
+    // server trusts can reach this port, and must not be able to take its threads.
+    let gate = ConnectionGate::new(MAX_CONNECTIONS, MAX_PER_PEER);
     std::thread::Builder::new()
         .name("webhook".into())
         .spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 match listener.accept() {
-                    Ok((stream, _)) => {
+                    Ok((stream, peer)) => {
+                        let admitted = match gate.admit(peer.ip()) {
+                            Ok(a) => a,
+                            Err(why) => {
+                                log::debug!("webhook: refusing connection peer={peer}: {why}");
+                                continue;
+                            }
+                        };
                         let (tls, webhook) = (tls.clone(), webhook.clone());
                         let _ = std::thread::Builder::new()
                             .name("webhook-conn".into())
-                            .spawn(move || serve_conn(stream, &tls, &webhook));
+                            .spawn(move || {
+                                serve_conn(stream, &tls, &webhook);
+                                drop(admitted);
+                            });
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                         std::thread::sleep(Duration::from_millis(50))
@@ -113,8 +134,8 @@ pub fn start(
 
 fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
     let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(15)));
-    let _ = stream.set_write_timeout(Some(Duration::from_secs(15)));
+    let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     let config = match tls.config() {
         Ok(c) => c,
         Err(e) => {
@@ -122,9 +143,15 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
             return;
         }
     };
-    let Ok(conn) = ServerConnection::new(config) else {
+    let Ok(mut conn) = ServerConnection::new(config) else {
         return;
     };
+    let mut stream = stream;
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    if let Err(e) = complete_handshake(&mut conn, &mut stream, deadline, IO_TIMEOUT) {
+        log::debug!("webhook: TLS handshake failed: {e}");
+        return;
+    }
     let mut reader = BufReader::new(StreamOwned::new(conn, stream));
     let limits = Limits {
         max_body_bytes: 8 * 1024 * 1024,

@@ -39,6 +39,11 @@ class StaticBinaries(unittest.TestCase):
             print(f"\n  size {name}: {size} bytes ({size / 1048576:.2f} MiB; target < {limit // 1048576} MiB)", end="")
             self.assertLess(size, limit, name)
 
+    def test_release_agent_has_no_fault_hook(self):
+        # The crash-recovery tests' fault injection exists in debug builds only.
+        data = (self.dir / "haptic-agent").read_bytes()
+        self.assertNotIn(b"HAPTIC_AGENT_FAULT", data)
+
     def test_runs_in_an_empty_root(self):
         if os.geteuid() != 0:
             self.skipTest("chroot needs root")

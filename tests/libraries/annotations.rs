@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::harness::{self, free_port, service_yaml, Echo, Scenario};
+use super::harness::{self, service_yaml, unique_loopback, Echo, Scenario};
 
 fn ingress(name: &str, host: &str, annotations: &str, paths: &str) -> String {
     format!(
@@ -159,14 +159,15 @@ fn haproxy_ingress_cors_hsts_app_root_redirect_rate_limit_path_type() {
     );
 }
 
-/// `openssl s_server -www` on a free port: a TLS backend that answers with a status page.
+/// `openssl s_server -www` on an address of its own: a TLS backend that answers with a status
+/// page.
 struct TlsServer(Child);
 
 impl TlsServer {
-    fn start(cert: &std::path::Path, key: &std::path::Path, port: u16) -> TlsServer {
+    fn start(cert: &std::path::Path, key: &std::path::Path, ip: &str, port: u16) -> TlsServer {
         let child = Command::new("openssl")
             .args(["s_server", "-quiet", "-www", "-accept"])
-            .arg(format!("127.0.0.1:{port}"))
+            .arg(format!("{ip}:{port}"))
             .arg("-cert")
             .arg(cert)
             .arg("-key")
@@ -178,7 +179,7 @@ impl TlsServer {
             .expect("start openssl s_server");
         let server = TlsServer(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while std::net::TcpStream::connect((ip, port)).is_err() {
             assert!(
                 Instant::now() < deadline,
                 "openssl s_server did not come up"
@@ -203,17 +204,18 @@ fn ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     let (crt, key) = pki.leaf("backend", &["pt.test"]);
     std::fs::write(dir.path().join("backend.pem"), crt).unwrap();
     std::fs::write(dir.path().join("backend.key.pem"), key).unwrap();
-    let port = free_port();
+    let (ip, port) = (unique_loopback(), 9443);
     let _backend = TlsServer::start(
         &dir.path().join("backend.pem"),
         &dir.path().join("backend.key.pem"),
+        &ip,
         port,
     );
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
     // The passthrough Service points at the TLS server.
     m.push_str(&format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: tls, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: tls-1, namespace: default, labels: {{kubernetes.io/service-name: tls}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n"
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: tls, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: tls-1, namespace: default, labels: {{kubernetes.io/service-name: tls}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n"
     ));
     m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
     m.push_str(&pki.secret_yaml("default", "tls-app", &["app.test"]));

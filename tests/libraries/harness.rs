@@ -18,10 +18,7 @@ pub fn root() -> PathBuf {
 
 pub use crate::support::TempDir;
 
-/// A port on 127.0.0.1 that nothing listens on now (shared with the end-to-end harness).
-pub fn free_port() -> u16 {
-    crate::support::cluster::free_port("127.0.0.1")
-}
+pub use crate::support::unique_loopback;
 
 /// An HTTP server answering every request with what it received: its own name, the method,
 /// the request target, and every header (`header:<lower-case name>=<value>`).
@@ -137,8 +134,9 @@ endpoints:
     )
 }
 
-/// The ports a rendered HAProxy listens on.
+/// Where a rendered HAProxy listens: fixed ports on an address of the test's own.
 pub struct Ports {
+    pub ip: String,
     pub http: u16,
     pub https: u16,
     pub status: u16,
@@ -146,19 +144,11 @@ pub struct Ports {
 
 impl Ports {
     pub fn pick() -> Ports {
-        let http = free_port();
-        let mut https = free_port();
-        while https == http {
-            https = free_port();
-        }
-        let mut status = free_port();
-        while status == http || status == https {
-            status = free_port();
-        }
         Ports {
-            http,
-            https,
-            status,
+            ip: unique_loopback(),
+            http: 8080,
+            https: 8443,
+            status: 8404,
         }
     }
 }
@@ -185,7 +175,7 @@ pub fn render(
         ("http_port".to_string(), ports.http.to_string()),
         ("https_port".to_string(), ports.https.to_string()),
         ("status_port".to_string(), ports.status.to_string()),
-        ("bind_address".to_string(), "127.0.0.1".to_string()),
+        ("bind_address".to_string(), ports.ip.clone()),
     ];
     context.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     for (k, v) in context {
@@ -228,7 +218,7 @@ impl HAProxy {
                 let log = std::fs::read_to_string(dir.join("haproxy.log")).unwrap_or_default();
                 panic!("haproxy exited at start: {status}\n{log}");
             }
-            let url = format!("http://127.0.0.1:{}/healthz", proxy.ports.status);
+            let url = format!("http://{}:{}/healthz", proxy.ports.ip, proxy.ports.status);
             if get(&url, &[]).status == 200 {
                 break;
             }
@@ -243,7 +233,7 @@ impl HAProxy {
     }
 
     pub fn http_with(&self, host: &str, path: &str, args: &[&str]) -> Response {
-        let url = format!("http://127.0.0.1:{}{path}", self.ports.http);
+        let url = format!("http://{}:{}{path}", self.ports.ip, self.ports.http);
         let host_header = format!("Host: {host}");
         let mut all = vec!["-H", host_header.as_str()];
         all.extend_from_slice(args);
@@ -253,7 +243,7 @@ impl HAProxy {
     /// An HTTPS request with SNI `host`, verifying the server certificate against `ca`.
     pub fn https(&self, host: &str, path: &str, ca: &Path, args: &[&str]) -> Response {
         let url = format!("https://{host}:{}{path}", self.ports.https);
-        let resolve = format!("{host}:{}:127.0.0.1", self.ports.https);
+        let resolve = format!("{host}:{}:{}", self.ports.https, self.ports.ip);
         let ca = ca.display().to_string();
         let mut all = vec!["--resolve", resolve.as_str(), "--cacert", ca.as_str()];
         all.extend_from_slice(args);

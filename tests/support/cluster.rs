@@ -402,9 +402,8 @@ impl Cluster {
         std::fs::create_dir_all(&credentials).unwrap();
         std::fs::write(credentials.join("username"), "haptic\n").unwrap();
         std::fs::write(credentials.join("password"), "s3cret-for-tests\n").unwrap();
-        let agent_port = free_port("127.0.0.1");
-        let http_port = free_port("127.0.0.1");
-        let status_port = free_port("127.0.0.1");
+        // Every pod has an address of its own (`add_pod`), so the ports can be fixed.
+        let (agent_port, http_port, status_port) = (5555, 8080, 8404);
         Cluster {
             api,
             client,
@@ -483,11 +482,12 @@ impl Cluster {
         }
     }
 
-    /// Starts a HAProxy pod on 127.0.0.(20+n) and registers it as a Running Pod object.
+    /// Starts a HAProxy pod on a loopback address of its own and registers it as a Running
+    /// Pod object.
     pub fn add_pod(&mut self) -> usize {
         let n = self.pods.len();
         let name = format!("haproxy-{n}");
-        let ip = format!("127.0.0.{}", 20 + n);
+        let ip = super::unique_loopback();
         let dir = self.dir.0.join(&name);
         std::fs::create_dir_all(dir.join("etc")).unwrap();
         let mut pod = HaproxyPod {

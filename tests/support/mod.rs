@@ -14,6 +14,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// A loopback address (127.128.0.0/9) that no other test uses: the process id picks the
+/// block, a counter the address. HAProxy binds with SO_REUSEPORT, so two tests that picked the
+/// same port on one address would silently share a listener; distinct addresses cannot.
+#[allow(dead_code)]
+pub fn unique_loopback() -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        n < 4 * 254,
+        "more loopback addresses than a test process may use"
+    );
+    let pid = std::process::id();
+    format!(
+        "127.{}.{}.{}",
+        128 | (pid & 0x7f),
+        (((pid >> 7) & 0x3f) << 2) | (n / 254),
+        n % 254 + 1
+    )
+}
+
 /// Polls `condition` until it holds or `timeout` passes; panics with `what` on timeout.
 pub fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;

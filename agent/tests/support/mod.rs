@@ -38,7 +38,27 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
     }
 }
 
-/// A port nobody listens on right now.
+/// A loopback address (127.128.0.0/9) that no other test uses: the process id picks the
+/// block, a counter the address. HAProxy binds with SO_REUSEPORT, so two tests that picked the
+/// same port on one address would silently share a listener; distinct addresses cannot.
+pub fn unique_loopback() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed) as u32;
+    assert!(
+        n < 4 * 254,
+        "more loopback addresses than a test process may use"
+    );
+    let pid = std::process::id();
+    format!(
+        "127.{}.{}.{}",
+        128 | (pid & 0x7f),
+        (((pid >> 7) & 0x3f) << 2) | (n / 254),
+        n % 254 + 1
+    )
+}
+
+/// A port nobody listens on right now (for the agent's own listeners, which do not share
+/// ports: a clash fails loudly).
 pub fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
     l.local_addr().expect("local addr").port()
@@ -73,8 +93,18 @@ pub struct Certs {
 pub fn certs() -> &'static Certs {
     static CERTS: OnceLock<Certs> = OnceLock::new();
     CERTS.get_or_init(|| {
-        // Regenerated per test process in the target's scratch directory (no /tmp leftovers).
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("agent-certs");
+        // Generated per test process in the target's scratch directory (no /tmp leftovers);
+        // directories of processes that are gone are removed.
+        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        for entry in std::fs::read_dir(scratch).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("agent-certs-") {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let dir = scratch.join(format!("agent-certs-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let gen = |out: &Path, extra: &[&str]| {
             let status = Command::new(repo_root().join("scripts/gen-certs.sh"))
@@ -217,8 +247,8 @@ pub fn backend(name: &str) -> u16 {
 }
 
 /// One plain HTTP request through HAProxy; returns the body or an error description.
-pub fn http_get(port: u16, host: &str) -> Result<String, String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| format!("connect: {e}"))?;
+pub fn http_get(addr: &str, host: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect(addr).map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(
         s,
@@ -296,7 +326,8 @@ pub struct Env {
     pub cfg_dir: PathBuf,
     pub master: PathBuf,
     pub worker_sock: Option<PathBuf>,
-    pub fe_port: u16,
+    /// HAProxy's frontend: a fixed port on an address of this test's own.
+    pub fe: String,
     pub api_port: u16,
     pub probe_port: u16,
     pub opts: Options,
@@ -320,7 +351,7 @@ impl Env {
             root,
             cfg_dir,
             worker_sock,
-            fe_port: free_port(),
+            fe: format!("{}:8080", unique_loopback()),
             api_port: free_port(),
             probe_port: free_port(),
             opts,
@@ -354,9 +385,9 @@ impl Env {
 
     pub fn bootstrap_cfg(&self) -> String {
         format!(
-            "{}frontend fe\n    bind 127.0.0.1:{}\n    http-request return status 200 content-type text/plain string bootstrap\n",
+            "{}frontend fe\n    bind {}\n    http-request return status 200 content-type text/plain string bootstrap\n",
             self.global(),
-            self.fe_port
+            self.fe
         )
     }
 
