@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use support::cluster::{Backend, Cluster};
 use support::wait_for;
+use support::Tied;
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -544,6 +545,7 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
         .arg(format!("--web.listen-address={ip}:{port}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        .tied()
         .spawn()
         .unwrap();
     let scraped = || {

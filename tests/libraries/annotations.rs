@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::harness::{self, service_yaml, unique_loopback, Echo, Scenario};
+use super::harness::{self, service_yaml, unique_loopback, Echo, Scenario, Tied};
 
 fn ingress(name: &str, host: &str, annotations: &str, paths: &str) -> String {
     format!(
@@ -175,6 +175,7 @@ impl TlsServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .tied()
             .spawn()
             .expect("start openssl s_server");
         let server = TlsServer(child);

@@ -18,7 +18,7 @@ pub fn root() -> PathBuf {
 
 pub use crate::support::TempDir;
 
-pub use crate::support::unique_loopback;
+pub use crate::support::{unique_loopback, Tied};
 
 /// An HTTP server answering every request with what it received: its own name, the method,
 /// the request target, and every header (`header:<lower-case name>=<value>`).
@@ -209,6 +209,7 @@ impl HAProxy {
             .stdin(Stdio::null())
             .stdout(log_file(dir))
             .stderr(log_file(dir))
+            .tied()
             .spawn()
             .expect("start haproxy (is it installed?)");
         let mut proxy = HAProxy { child, ports };

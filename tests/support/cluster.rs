@@ -15,7 +15,7 @@ use haptic::kube::client::{Client, ResourceRef};
 use haptic::kube::config::KubeConfig;
 use serde_json::{json, Value};
 
-use super::{wait_for, DevApiServer, TempDir};
+use super::{wait_for, DevApiServer, TempDir, Tied};
 
 pub const NS: &str = "default";
 pub const CONFIG_NAME: &str = "haptic-e2e";
@@ -192,6 +192,7 @@ impl HaproxyPod {
             .env("POD_IP", &self.ip)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .tied()
             .spawn()
             .unwrap();
         self.haproxy = Some(child);
@@ -228,6 +229,7 @@ impl HaproxyPod {
             .env("POD_IP", &self.ip)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
+            .tied()
             .spawn()
             .unwrap();
         self.agent = Some(child);
@@ -604,6 +606,7 @@ impl Cluster {
             .env("LOG_LEVEL", "info")
             .stdout(Stdio::null())
             .stderr(log)
+            .tied()
             .spawn()
             .unwrap();
         self.controllers.push(Controller {

@@ -104,6 +104,7 @@ impl DevApiServer {
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
+            .tied()
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
@@ -225,5 +226,31 @@ impl Drop for Proxy {
         self.stop.store(true, Ordering::SeqCst);
         self.set_cut(true);
         let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// Children die with the test thread that started them (SIGKILL through the parent-death
+/// signal), also when the test process is killed: a stopped run leaves no HAProxy, agent,
+/// controller or API server behind.
+pub trait Tied {
+    fn tied(&mut self) -> &mut Self;
+}
+
+impl Tied for std::process::Command {
+    fn tied(&mut self) -> &mut Self {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            self.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before the signal was armed.
+                if libc::getppid() == 1 {
+                    return Err(std::io::Error::other("parent exited"));
+                }
+                Ok(())
+            })
+        }
     }
 }

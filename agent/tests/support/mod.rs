@@ -405,6 +405,7 @@ impl Env {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
+            .tied()
             .spawn()
             .expect("start haproxy");
         self.haproxy = Some(Proc {
@@ -466,7 +467,7 @@ impl Env {
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         self.agent = Some(Proc {
-            child: cmd.spawn().expect("start haptic-agent"),
+            child: cmd.tied().spawn().expect("start haptic-agent"),
             name: "haptic-agent",
             group: false,
         });
@@ -599,5 +600,31 @@ pub fn file(kind: FileKind, path: &str, content: &str) -> BundleFile {
         kind,
         path: path.into(),
         content: content.as_bytes().to_vec(),
+    }
+}
+
+/// Children die with the test thread that started them (SIGKILL through the parent-death
+/// signal), also when the test process is killed: a stopped run leaves no HAProxy, agent,
+/// controller or API server behind.
+pub trait Tied {
+    fn tied(&mut self) -> &mut Self;
+}
+
+impl Tied for std::process::Command {
+    fn tied(&mut self) -> &mut Self {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            self.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have died before the signal was armed.
+                if libc::getppid() == 1 {
+                    return Err(std::io::Error::other("parent exited"));
+                }
+                Ok(())
+            })
+        }
     }
 }
