@@ -259,15 +259,13 @@ fn leader_failover_on_kill_and_on_sigterm() {
     c.set_endpoints("web", &[&web2]);
     c.wait_route("web.example.com", "/", 200, "web-2", DEADLINE);
     let after_kill = killed.elapsed();
+    // How fast is measured, not asserted (scripts/bench.sh; the issue notes).
     eprintln!(
         "killed leader: change deployed {after_kill:?} after the kill (lease 3s, retry 300ms)"
     );
-    assert!(
-        after_kill < Duration::from_secs(3) + Duration::from_millis(300) + Duration::from_secs(4),
-        "{after_kill:?}"
-    );
 
-    // SIGTERM: the leader releases the lease; a standby deploys within about one retry period.
+    // SIGTERM: the leader releases the lease (a standby need not wait for it to expire) and
+    // exits on its own; the standby deploys the next change.
     c.start_controller("ctrl-c");
     let third = c.controllers.len() - 1;
     wait_for("ctrl-c synced", DEADLINE, || {
@@ -277,17 +275,20 @@ fn leader_failover_on_kill_and_on_sigterm() {
     });
     let second = c.leader_index().unwrap();
     assert_ne!(second, first);
-    let shutdown = c.controllers[second].terminate();
+    let second_name = c.controllers[second].name.clone();
+    let (shutdown, exited) = c.controllers[second].terminate();
     let released = Instant::now();
-    assert!(
-        shutdown < Duration::from_secs(25),
-        "graceful shutdown took {shutdown:?}"
+    assert!(exited, "the controller did not exit on SIGTERM within 30 s");
+    let holder = c.lease_holder();
+    assert_ne!(
+        holder.as_deref(),
+        Some(second_name.as_str()),
+        "the lease still names the stopped leader"
     );
     c.set_endpoints("web", &[&web1]);
     c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
     let after_term = released.elapsed();
     eprintln!("SIGTERM: shutdown took {shutdown:?}; change deployed {after_term:?} after exit");
-    assert!(after_term < Duration::from_secs(3), "{after_term:?}");
     assert_eq!(c.lease_holder().as_deref(), Some("ctrl-c"));
 }
 

@@ -448,11 +448,23 @@ fn lease_election_with_three_candidates() {
     let monitor = Monitor::start(cands.iter().map(|c| c.leadership.clone()).collect());
     wait_for("a first leader", WAIT, || leader(&cands).is_some());
 
-    // Graceful hand-over: the leader releases the Lease; a standby takes it within a retry period.
+    // Graceful hand-over: the leader releases the Lease (emptied, so nobody waits for it to
+    // expire); a standby takes it.
     let first = leader(&cands).unwrap();
     let released = Instant::now();
     cands[first].stop.store(true, Ordering::SeqCst);
     cands[first].handle.take().unwrap().join().unwrap();
+    let client = Client::new(&KubeConfig::from_kubeconfig(&server.kubeconfig(), None).unwrap())
+        .unwrap();
+    let lease = client
+        .get(
+            &haptic::kube::client::ResourceRef::new("coordination.k8s.io/v1", "leases", true),
+            Some("default"),
+            "haptic-leader",
+        )
+        .unwrap();
+    let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default();
+    assert_ne!(holder, ["a", "b", "c"][first], "the stopped leader still holds the Lease");
     wait_for("a new leader after release", WAIT, || {
         leader(&cands).is_some_and(|i| i != first)
     });
@@ -460,10 +472,6 @@ fn lease_election_with_three_candidates() {
     eprintln!(
         "graceful hand-over took {graceful:?} (retry period {}ms)",
         timings.2
-    );
-    assert!(
-        graceful < Duration::from_millis(timings.2 * 2 + 500),
-        "hand-over took {graceful:?}"
     );
     monitor.check();
 

@@ -311,19 +311,26 @@ impl Controller {
     }
 
     /// SIGTERM, then wait for exit; returns how long the shutdown took.
-    pub fn terminate(&mut self) -> Duration {
+    /// SIGTERM; returns how long the controller took to exit and whether it exited on its own
+    /// (it is killed after 30 s).
+    pub fn terminate(&mut self) -> (Duration, bool) {
         let started = Instant::now();
+        let mut exited = false;
         if let Some(mut c) = self.child.take() {
             let _ = Command::new("kill")
                 .args(["-TERM", &c.id().to_string()])
                 .status();
             let deadline = Instant::now() + Duration::from_secs(30);
-            while c.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            while Instant::now() < deadline {
+                if c.try_wait().ok().flatten().is_some() {
+                    exited = true;
+                    break;
+                }
                 std::thread::sleep(Duration::from_millis(20));
             }
             kill(&mut c);
         }
-        started.elapsed()
+        (started.elapsed(), exited)
     }
 
     pub fn get(&self, port: u16, path: &str) -> Option<(u16, String)> {
