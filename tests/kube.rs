@@ -454,8 +454,8 @@ fn lease_election_with_three_candidates() {
     let released = Instant::now();
     cands[first].stop.store(true, Ordering::SeqCst);
     cands[first].handle.take().unwrap().join().unwrap();
-    let client = Client::new(&KubeConfig::from_kubeconfig(&server.kubeconfig(), None).unwrap())
-        .unwrap();
+    let client =
+        Client::new(&KubeConfig::from_kubeconfig(&server.kubeconfig(), None).unwrap()).unwrap();
     let lease = client
         .get(
             &haptic::kube::client::ResourceRef::new("coordination.k8s.io/v1", "leases", true),
@@ -464,7 +464,11 @@ fn lease_election_with_three_candidates() {
         )
         .unwrap();
     let holder = lease["spec"]["holderIdentity"].as_str().unwrap_or_default();
-    assert_ne!(holder, ["a", "b", "c"][first], "the stopped leader still holds the Lease");
+    assert_ne!(
+        holder,
+        ["a", "b", "c"][first],
+        "the stopped leader still holds the Lease"
+    );
     wait_for("a new leader after release", WAIT, || {
         leader(&cands).is_some_and(|i| i != first)
     });

@@ -224,6 +224,12 @@ fn tls_config(config: &KubeConfig) -> Result<TlsConfig, String> {
             return Err("the API server CA contains no PEM certificate".into());
         }
         builder = builder.root_certs(RootCerts::new_with_certs(&certs));
+    } else if config.server.starts_with("https://") {
+        // No public root store is built in (air-gapped clusters have their own CA).
+        return Err(format!(
+            "{}: the kubeconfig gives no certificate-authority for this cluster; add              certificate-authority(-data), or set insecure-skip-tls-verify",
+            config.server
+        ));
     }
     if let Some((cert_pem, key_pem)) = &config.client_cert {
         let chain: Vec<Certificate<'static>> = ureq::tls::parse_pem(cert_pem)
@@ -669,5 +675,32 @@ impl Iterator for WatchStream {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_https_server_without_a_ca_is_a_clear_error_not_a_panic() {
+        let doc: Value = serde_yaml::from_str(
+            "clusters: [{name: c, cluster: {server: 'https://10.0.0.1:6443'}}]\n\
+             users: [{name: u, user: {token: t}}]\n\
+             contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n",
+        )
+        .unwrap();
+        let config =
+            KubeConfig::from_kubeconfig_value(&doc, std::path::Path::new("."), None).unwrap();
+        let Err(err) = Client::new(&config) else {
+            panic!("an https server without a CA was accepted");
+        };
+        assert!(err.contains("no certificate-authority"), "{err}");
+        // Plain HTTP (a local development server) needs no CA.
+        let plain = KubeConfig {
+            server: "http://127.0.0.1:1".into(),
+            ..config
+        };
+        assert!(Client::new(&plain).is_ok());
     }
 }

@@ -19,7 +19,7 @@ pub enum Credentials {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KubeConfig {
     pub server: String,
-    /// PEM of the CA to trust; `None` with `insecure` false means the platform roots.
+    /// PEM of the CA to trust; with `insecure_skip_tls_verify` false an `https` server needs it.
     pub ca_pem: Option<Vec<u8>>,
     pub insecure_skip_tls_verify: bool,
     pub credentials: Credentials,
@@ -77,7 +77,7 @@ impl KubeConfig {
             .map_err(|e| format!("kubeconfig {}: {e}", path.display()))
     }
 
-    fn from_kubeconfig_value(
+    pub(crate) fn from_kubeconfig_value(
         doc: &Value,
         base: &Path,
         context: Option<&str>,

@@ -215,6 +215,10 @@ fn call(hook: &Value, r: &Review) -> Result<Value, String> {
             return Err("caBundle holds no PEM certificate".into());
         }
         tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&certs));
+    } else {
+        // Like the real API server without a caBundle: the system roots, which hold no
+        // cluster CA (this server has none built in).
+        tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&[]));
     }
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .tls_config(tls.build())
