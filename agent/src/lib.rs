@@ -19,6 +19,7 @@
 pub mod base64;
 pub mod classify;
 pub mod haproxy_cfg;
+pub mod logging;
 pub mod protocol;
 pub mod reload;
 

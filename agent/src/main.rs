@@ -8,7 +8,8 @@
 //!                    [--max-body-bytes N] [--reload-timeout-secs N] [--log-level LEVEL]
 //! haptic-agent init --bootstrap FILE --config-dir DIR
 //! ```
-//! Argument parsing and the stderr logger are hand-written: a dozen flags do not need a crate.
+//! Argument parsing is hand-written: a dozen flags do not need a crate. Logging is the
+//! workspace's one logger (`haptic_agent::logging`).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -19,7 +20,7 @@ use haptic_agent::apply::Agent;
 use haptic_agent::haproxy::Haproxy;
 use haptic_agent::http::Limits;
 use haptic_agent::server::{self, Credentials, ServerLimits, Transport};
-use haptic_agent::state::{now_rfc3339, StateDir};
+use haptic_agent::state::StateDir;
 use haptic_agent::tls::{ReloadingTls, TlsFiles};
 
 const USAGE: &str = "usage:
@@ -28,21 +29,6 @@ const USAGE: &str = "usage:
                      (--tls-cert F --tls-key F --client-ca F | --insecure-http-with-basic-auth --credentials PATH)
                      [--max-body-bytes N] [--reload-timeout-secs N] [--log-level error|warn|info|debug]
   haptic-agent init --bootstrap FILE --config-dir DIR";
-
-/// A minimal logger: `2026-12-02T19:38:34Z INFO message` on stderr.
-struct StderrLogger(log::LevelFilter);
-
-impl log::Log for StderrLogger {
-    fn enabled(&self, metadata: &log::Metadata) -> bool {
-        metadata.level() <= self.0
-    }
-    fn log(&self, record: &log::Record) {
-        if self.enabled(record.metadata()) {
-            eprintln!("{} {:<5} {}", now_rfc3339(), record.level(), record.args());
-        }
-    }
-    fn flush(&self) {}
-}
 
 /// Parsed `--flag value` pairs and bare `--switch`es.
 struct Args {
@@ -117,16 +103,10 @@ fn main() {
 }
 
 fn setup_logging(level: Option<&str>) -> Result<(), String> {
-    let filter = match level.unwrap_or("info") {
-        "error" => log::LevelFilter::Error,
-        "warn" => log::LevelFilter::Warn,
-        "info" => log::LevelFilter::Info,
-        "debug" => log::LevelFilter::Debug,
-        other => return Err(format!("unknown log level {other:?}")),
-    };
-    log::set_logger(Box::leak(Box::new(StderrLogger(filter))))
-        .map_err(|e| format!("logger: {e}"))?;
-    log::set_max_level(filter);
+    let level = level.unwrap_or("info");
+    let filter = haptic_agent::logging::parse_level(level)
+        .ok_or_else(|| format!("unknown log level {level:?}"))?;
+    haptic_agent::logging::init(filter);
     Ok(())
 }
 

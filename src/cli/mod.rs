@@ -58,11 +58,8 @@ pub(crate) fn haproxy_bin(flag: Option<String>) -> String {
 }
 
 pub fn main(args: Vec<String>) -> ExitCode {
-    let level = std::env::var("RUST_LOG")
-        .ok()
-        .and_then(|l| crate::logger::parse_level(&l))
-        .unwrap_or(log::LevelFilter::Warn);
-    crate::logger::init(level);
+    // Warnings by default; LOG_LEVEL or RUST_LOG (with per-module filters) for more.
+    crate::logger::init(log::LevelFilter::Warn);
     let Some(command) = args.first() else {
         eprintln!("{TOP_USAGE}");
         return ExitCode::from(2);

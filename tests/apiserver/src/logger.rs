@@ -1,28 +1,8 @@
-//! A ten-line stderr logger (`LEVEL target: message`), so the crate needs no logging backend.
+//! The workspace's one logger (`haptic_agent::logging`: env_logger, one format, `RUST_LOG`).
 
-use log::{LevelFilter, Log, Metadata, Record};
+use log::LevelFilter;
 
-struct Stderr;
-
-impl Log for Stderr {
-    fn enabled(&self, metadata: &Metadata) -> bool {
-        metadata.level() <= log::max_level()
-    }
-
-    fn log(&self, record: &Record) {
-        if self.enabled(record.metadata()) {
-            eprintln!("{} {}: {}", record.level(), record.target(), record.args());
-        }
-    }
-
-    fn flush(&self) {}
-}
-
-static LOGGER: Stderr = Stderr;
-
-/// Installs the logger at `level`. A second call keeps the first logger.
+/// Installs the logger at `level` (or `RUST_LOG`). A second call keeps the first logger.
 pub fn init(level: LevelFilter) {
-    if log::set_logger(&LOGGER).is_ok() {
-        log::set_max_level(level);
-    }
+    haptic_agent::logging::init(level);
 }
