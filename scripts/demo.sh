@@ -16,8 +16,10 @@ cd "$(dirname "$0")/.."
 check=false
 [ "${1:-}" = "--check" ] && check=true
 
-ensure_packages haproxy:haproxy curl:curl ss:iproute2 python3:python3 openssl:openssl socat:socat
-command -v kubectl >/dev/null || { echo "kubectl is needed (any recent version)"; exit 1; }
+# kubectl: Debian's kubernetes-client (1.20) when none is installed; it and newer ones work
+# with the dev API server (its kubectl tests run with both).
+ensure_packages haproxy:haproxy curl:curl ss:iproute2 python3:python3 openssl:openssl socat:socat \
+  kubectl:kubernetes-client
 echo "==> building haptic, haptic-agent, haptic-dev-apiserver"
 cargo build --quiet -p haptic -p haptic-agent -p haptic-dev-apiserver --bins
 bin="${CARGO_TARGET_DIR:-target}/debug"
@@ -86,7 +88,15 @@ kind: Pod
 metadata: {name: haproxy-$n, namespace: default, labels: {app.kubernetes.io/component: haproxy}}
 spec: {containers: [{name: haproxy, image: haproxy}, {name: haptic-agent, image: haptic-agent}]}
 YAML
-  k patch pod "haproxy-$n" --subresource=status --type=merge -p "{\"status\": {\"phase\": \"Running\", \"podIP\": \"$ip\", \"containerStatuses\": [{\"name\": \"haproxy\", \"ready\": true, \"restartCount\": 0, \"image\": \"haproxy\", \"imageID\": \"\"}, {\"name\": \"haptic-agent\", \"ready\": true, \"restartCount\": 0, \"image\": \"haptic-agent\", \"imageID\": \"\"}]}}" >/dev/null
+  # The kubelet's part: mark the pod Running with its IP (PUT to the status subresource;
+  # `kubectl patch --subresource` needs kubectl 1.24, Debian ships 1.20).
+  k get pod "haproxy-$n" -o json | python3 -c '
+import json, sys
+pod = json.load(sys.stdin)
+pod["status"] = {"phase": "Running", "podIP": sys.argv[1], "containerStatuses": [
+    {"name": c, "ready": True, "restartCount": 0, "image": c, "imageID": ""}
+    for c in ("haproxy", "haptic-agent")]}
+print(json.dumps(pod))' "$ip" | k replace --validate=false --raw "/api/v1/namespaces/default/pods/haproxy-$n/status" -f - >/dev/null
 done
 
 # --- two controller replicas -------------------------------------------------------------------

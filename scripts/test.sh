@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 ensure_packages haproxy:haproxy socat:socat openssl:openssl curl:curl ss:iproute2 file:file \
-  prometheus:prometheus promtool:prometheus python3:python3
+  prometheus:prometheus promtool:prometheus python3:python3 kubectl:kubernetes-client
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
