@@ -87,6 +87,25 @@ pub struct Agent {
     fault: Option<String>,
 }
 
+/// Whether `haproxy -c` can be skipped: the plan changes only servers (`set server …`: address,
+/// port, state, weight), against an applied configuration that passed `haproxy -c`. The
+/// classifier has proven the new text differs from that one only in those server lines, which
+/// it parsed; HAProxy validates each command as it applies it, and a refused command turns the
+/// change into a reload, which is checked. Maps, certificates and any other file still go
+/// through `haproxy -c` (their content is parsed only there). docs/architecture.md records
+/// this decision.
+fn proven_by_base(plan: &Classification) -> bool {
+    match plan {
+        Classification::Runtime(actions) => {
+            !actions.is_empty()
+                && actions.iter().all(|a| {
+                    matches!(a, crate::classify::RuntimeAction::Command(c) if c.starts_with("set server "))
+                })
+        }
+        _ => false,
+    }
+}
+
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -336,7 +355,7 @@ impl Agent {
             e.body.rolled_back = Some(restored.is_ok());
             e
         };
-        if plan != Classification::NoChange {
+        if plan != Classification::NoChange && !proven_by_base(&plan) {
             let t = Instant::now();
             let checked = self.haproxy.check(
                 &self.root,

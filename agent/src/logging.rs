@@ -41,7 +41,9 @@ pub fn init(level: LevelFilter) {
             )
         })
         .target(env_logger::Target::Stderr);
-    let rust_log = std::env::var("RUST_LOG").ok().filter(|v| !v.trim().is_empty());
+    let rust_log = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
     match &rust_log {
         Some(spec) => {
             builder.parse_filters(spec);

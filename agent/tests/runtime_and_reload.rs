@@ -73,6 +73,11 @@ fn endpoint_moves_through_slots_are_runtime_and_keep_the_worker() {
     );
     assert_eq!(reply["worker_pid_before"], reply["worker_pid_after"]);
     assert_eq!(env.worker_pid(), pid, "a runtime change must not reload");
+    // Server changes only, against a checked configuration: no `haproxy -c`.
+    assert!(
+        reply["timings_ms"].get("validate").is_none(),
+        "server-only change checked again: {reply:#}"
+    );
     for _ in 0..6 {
         assert_eq!(http_get(&env.fe, "a.example").unwrap(), "a2");
     }
@@ -129,6 +134,8 @@ fn map_replace_uses_prepare_and_commit_and_changes_routing() {
 
     let map = "# routes\nb.example be_b\n\nc.example be_b\n";
     let reply = env.apply(&bundle(cfg.clone(), map), "runtime");
+    // A map's content is parsed only by `haproxy -c`: checked even though it is runtime.
+    assert!(reply["timings_ms"].get("validate").is_some(), "{reply:#}");
     assert!(
         reply["commands"][0]
             .as_str()
