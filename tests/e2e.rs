@@ -619,6 +619,14 @@ fn pods_running_another_haproxy_version_are_refused_with_an_event() {
     );
     let bootstrap = support::cluster::http_get(&c.pods[0].ip, c.status_port, "x", "/").map(|r| r.0);
     assert_eq!(bootstrap, Some(503), "the pod keeps its bootstrap config");
+    // The config's Deployed condition names the refused pod and why.
+    wait_for("Deployed names the refused pod", DEADLINE, || {
+        c.condition("Deployed").is_some_and(|(s, m)| {
+            s == "False"
+                && m.contains("haproxy-0: runs HAProxy")
+                && m.contains("refusing to deploy")
+        })
+    });
 }
 
 /// `major.minor` of the `haproxy` on PATH.

@@ -11,7 +11,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use serde_json::{json, Value};
 
 use super::state::{lock, Shared};
-use crate::deploy::Published;
+use crate::deploy::{NotAdmitted, Published};
 use crate::kinds::plural_of;
 use crate::kube::client::{Client, ResourceRef};
 use crate::kube::lease::rfc3339;
@@ -274,6 +274,16 @@ impl StatusWriter {
         if let Some(p) = &desired.published {
             let pods = lock(&self.shared.pods).clone();
             let admitted: Vec<_> = pods.iter().filter(|p| p.admitted).collect();
+            // Pods the controller will not deploy to until something changes.
+            let refused: Vec<String> = pods
+                .iter()
+                .filter_map(|pod| match &pod.not_admitted {
+                    Some(why @ NotAdmitted::VersionMismatch { .. }) => {
+                        Some(format!("{}: {why}", pod.name))
+                    }
+                    _ => None,
+                })
+                .collect();
             let behind: Vec<String> = admitted
                 .iter()
                 .filter(|pod| pod.applied_bundle.as_deref() != Some(p.hash.as_str()))
@@ -282,7 +292,22 @@ impl StatusWriter {
                     None => format!("{}: pending", pod.name),
                 })
                 .collect();
-            out.push(if admitted.is_empty() {
+            out.push(if !refused.is_empty() {
+                let mut message = refused.join("; ");
+                if !admitted.is_empty() {
+                    message = format!(
+                        "{message}; applied to {}/{} admitted pods",
+                        admitted.len() - behind.len(),
+                        admitted.len()
+                    );
+                }
+                Condition {
+                    kind: "Deployed",
+                    ok: false,
+                    reason: "PodsRefused".into(),
+                    message,
+                }
+            } else if admitted.is_empty() {
                 Condition {
                     kind: "Deployed",
                     ok: false,
@@ -447,13 +472,18 @@ impl StatusWriter {
         for pod in pods {
             let key = format!("{}/{}", pod.namespace, pod.name);
             match pod
-                .last_error
-                .as_deref()
-                .filter(|e| !pod.admitted && e.contains("refusing to deploy"))
+                .not_admitted
+                .as_ref()
+                .filter(|why| matches!(why, NotAdmitted::VersionMismatch { .. }))
             {
-                Some(error) if written.refused_pods.insert(key.clone()) => {
+                Some(why) if written.refused_pods.insert(key.clone()) => {
                     let involved = json!({"apiVersion": "v1", "kind": "Pod", "name": pod.name, "namespace": pod.namespace});
-                    self.emit(involved, "Warning", "HAProxyVersionMismatch", error);
+                    self.emit(
+                        involved,
+                        "Warning",
+                        "HAProxyVersionMismatch",
+                        &why.to_string(),
+                    );
                 }
                 Some(_) => {}
                 None => {

@@ -41,12 +41,37 @@ pub enum DeployMsg {
     Shutdown,
 }
 
+/// Why a pod is not admitted for deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "camelCase")]
+pub enum NotAdmitted {
+    /// The pod runs another HAProxy major.minor than the controller validates with: nothing is
+    /// deployed to it until one of them changes.
+    VersionMismatch { runs: String, required: String },
+    /// Its agent could not be asked (unreachable, an error answer): retried with backoff.
+    AgentUnavailable { detail: String },
+}
+
+impl std::fmt::Display for NotAdmitted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotAdmitted::VersionMismatch { runs, required } => write!(
+                f,
+                "runs HAProxy {runs}, but the controller validates with {required}; refusing to deploy"
+            ),
+            NotAdmitted::AgentUnavailable { detail } => f.write_str(detail),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct PodStatus {
     pub namespace: String,
     pub name: String,
     pub ip: String,
     pub admitted: bool,
+    /// Why it is not admitted (`None` while admitted or not yet asked).
+    pub not_admitted: Option<NotAdmitted>,
     pub haproxy_version: Option<String>,
     pub applied_bundle: Option<String>,
     pub last_result: Option<String>,
@@ -160,12 +185,18 @@ impl Deployer {
     }
 
     /// `GET /v1/state`: the applied bundle and HAProxy version, or why the agent is unusable.
-    fn admit(&self, pod: &PodTarget, required: Option<&str>) -> Result<AgentView, String> {
+    fn admit(&self, pod: &PodTarget, required: Option<&str>) -> Result<AgentView, NotAdmitted> {
+        let unavailable = |detail: String| NotAdmitted::AgentUnavailable { detail };
         let reply = self
             .client
-            .request(&pod.ip, "GET", "/v1/state", &[], None)?;
+            .request(&pod.ip, "GET", "/v1/state", &[], None)
+            .map_err(unavailable)?;
         if reply.status != 200 {
-            return Err(format!("GET /v1/state: {} {}", reply.status, reply.text()));
+            return Err(unavailable(format!(
+                "GET /v1/state: {} {}",
+                reply.status,
+                reply.text()
+            )));
         }
         let state = reply.json();
         let version = state
@@ -176,7 +207,10 @@ impl Deployer {
         if let Some(required) = required {
             let pod_mm: String = version.split('.').take(2).collect::<Vec<_>>().join(".");
             if !version.is_empty() && pod_mm != required {
-                return Err(format!("runs HAProxy {version}, but the controller validates with {required}; refusing to deploy"));
+                return Err(NotAdmitted::VersionMismatch {
+                    runs: version,
+                    required: required.to_string(),
+                });
             }
         }
         let bundle = if state.get("mode").and_then(Value::as_str) == Some("bootstrap") {
@@ -301,7 +335,7 @@ impl Deployer {
             .filter(|(_, p)| (!p.known || drift_due) && p.next_attempt <= now)
             .map(|(k, _)| k.clone())
             .collect();
-        let checks: Vec<(String, Result<AgentView, String>)> = std::thread::scope(|scope| {
+        let checks: Vec<(String, Result<AgentView, NotAdmitted>)> = std::thread::scope(|scope| {
             let handles: Vec<_> = to_check
                 .iter()
                 .map(|key| {
@@ -318,8 +352,11 @@ impl Deployer {
                 .map(|(k, h)| {
                     (
                         k,
-                        h.join()
-                            .unwrap_or_else(|_| Err("state check panicked".into())),
+                        h.join().unwrap_or_else(|_| {
+                            Err(NotAdmitted::AgentUnavailable {
+                                detail: "state check panicked".into(),
+                            })
+                        }),
                     )
                 })
                 .collect()
@@ -348,13 +385,16 @@ impl Deployer {
                     pod.applied = applied;
                     pod.known = true;
                     pod.status.admitted = true;
+                    pod.status.not_admitted = None;
                     pod.status.haproxy_version = Some(version);
                 }
-                Err(e) => {
+                Err(why) => {
+                    let e = why.to_string();
                     if pod.status.last_error.as_deref() != Some(e.as_str()) {
                         log::warn!("pod={key} not admitted: {e}");
                     }
                     pod.status.admitted = false;
+                    pod.status.not_admitted = Some(why);
                     pod.status.last_error = Some(e);
                     pod.next_attempt = Instant::now() + pod.backoff.delay();
                 }
