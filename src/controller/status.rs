@@ -375,11 +375,7 @@ impl StatusWriter {
             if written.haproxycfg.as_ref() != Some(&key) && !written.haproxycfg_unavailable {
                 match self.publish_haproxycfg(p) {
                     Ok(()) => written.haproxycfg = Some(key),
-                    Err(e)
-                        if e.is_not_found()
-                            && e.to_string().contains("haproxycfgs")
-                            && !e.to_string().contains(&self.config_name) =>
-                    {
+                    Err(e) if e.is_unserved_resource() => {
                         log::warn!("HAProxyCfg is not served by the API server (CRD missing?); not publishing: {e}");
                         written.haproxycfg_unavailable = true;
                     }
@@ -434,7 +430,7 @@ impl StatusWriter {
                 existing["spec"] = spec;
                 self.client.update(&res, ns, &name, &existing)?;
             }
-            Err(e) if e.is_not_found() && e.to_string().contains(&name) => {
+            Err(e) if e.is_missing_object(&name) => {
                 let object = json!({"apiVersion": crate::config::model::API_VERSION, "kind": "HAProxyCfg",
                     "metadata": {"name": name, "namespace": self.namespace, "labels": {"app.kubernetes.io/managed-by": "haptic"}}, "spec": spec});
                 self.client.create(&res, ns, &object)?;

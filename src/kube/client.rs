@@ -77,6 +77,9 @@ pub enum KubeError {
         code: u16,
         reason: String,
         message: String,
+        /// `details.name` of the Status: the object the error is about (a 404 with it means
+        /// that object does not exist; without it, that the resource is not served).
+        object: Option<String>,
     },
     /// No answer (connection, TLS, timeout) or an unreadable one.
     Transport {
@@ -98,6 +101,23 @@ impl KubeError {
         self.code() == Some(404)
     }
 
+    /// 404 for the named object: its type is served, the object does not exist.
+    pub fn is_missing_object(&self, name: &str) -> bool {
+        matches!(self, KubeError::Api { code: 404, object: Some(o), .. } if o == name)
+    }
+
+    /// 404 about no object: the API server does not serve the resource (a CRD not installed).
+    pub fn is_unserved_resource(&self) -> bool {
+        matches!(
+            self,
+            KubeError::Api {
+                code: 404,
+                object: None,
+                ..
+            }
+        )
+    }
+
     pub fn is_conflict(&self) -> bool {
         self.code() == Some(409)
     }
@@ -116,6 +136,7 @@ impl fmt::Display for KubeError {
                 code,
                 reason,
                 message,
+                ..
             } => {
                 write!(f, "{verb} {path}: {code}")?;
                 if !reason.is_empty() {
@@ -598,6 +619,7 @@ impl Client {
                 code: 404,
                 reason: "NotFound".into(),
                 message: format!("the server does not serve {resource} in {api_version}"),
+                object: None,
             })
     }
 }
@@ -626,6 +648,11 @@ fn api_error(verb: &'static str, path: &str, code: u16, body: &str) -> KubeError
         code,
         reason: field("reason"),
         message,
+        object: status
+            .pointer("/details/name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .map(str::to_string),
     }
 }
 
@@ -681,6 +708,27 @@ impl Iterator for WatchStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_object_and_an_unserved_resource_are_told_apart() {
+        let missing = api_error(
+            "get",
+            "/apis/haproxy-haptic.org/v1alpha1/namespaces/d/haproxycfgs/x",
+            404,
+            r#"{"kind":"Status","reason":"NotFound","code":404,"message":"haproxycfgs.haproxy-haptic.org \"x\" not found","details":{"name":"x","group":"haproxy-haptic.org","kind":"haproxycfgs"}}"#,
+        );
+        assert!(missing.is_missing_object("x") && !missing.is_missing_object("y"));
+        assert!(!missing.is_unserved_resource());
+        let unserved = api_error(
+            "get",
+            "/apis/haproxy-haptic.org/v1alpha1/namespaces/d/haproxycfgs/x",
+            404,
+            r#"{"kind":"Status","reason":"NotFound","code":404,"message":"the server could not find the requested resource"}"#,
+        );
+        assert!(unserved.is_unserved_resource() && !unserved.is_missing_object("x"));
+        // A proxy's plain-text 404 names no object either.
+        assert!(api_error("get", "/x", 404, "404 page not found").is_unserved_resource());
+    }
 
     #[test]
     fn an_https_server_without_a_ca_is_a_clear_error_not_a_panic() {
