@@ -257,6 +257,18 @@ impl Bundle {
     }
 }
 
+/// Paths and headers of the agent's API, shared by the agent and the controller.
+pub mod api {
+    pub const STATE: &str = "/v1/state";
+    pub const BUNDLE: &str = "/v1/bundle";
+    pub const CONFIG: &str = "/v1/config";
+    pub const RELOAD: &str = "/v1/reload";
+    /// The bundle hash the push was computed against (`*`: any).
+    pub const IF_MATCH: &str = "If-Match";
+    /// The pushing leader's epoch; an agent refuses epochs below the highest it accepted.
+    pub const EPOCH: &str = "X-Haptic-Epoch";
+}
+
 /// The 200 reply of `PUT /v1/bundle` and `POST /v1/reload`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApplyResponse {

@@ -14,7 +14,7 @@ use rustls::{ServerConnection, StreamOwned};
 
 use crate::apply::{Agent, ApplyRequest};
 use crate::http::{self, Head, Limits, ReadError, Response};
-use crate::protocol::{Bundle, WireBundle};
+use crate::protocol::{api, Bundle, WireBundle};
 use crate::tls::ReloadingTls;
 
 /// Username and password of the legacy plain-HTTP mode.
@@ -360,7 +360,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// The API routes.
 fn route_api(agent: &Agent, head: &Head, body: Vec<u8>) -> Response {
     match (head.method.as_str(), head.path.as_str()) {
-        ("GET", "/v1/state") => Response::json(200, &agent.state()),
+        ("GET", api::STATE) => Response::json(200, &agent.state()),
         ("GET", "/v1/config") => match agent.applied_config() {
             Ok((text, bundle)) => {
                 let resp = Response::text(200, text);
@@ -371,12 +371,12 @@ fn route_api(agent: &Agent, head: &Head, body: Vec<u8>) -> Response {
             }
             Err(e) => Response::error(500, "internal", e),
         },
-        ("PUT", "/v1/bundle") => put_bundle(agent, head, &body),
+        ("PUT", api::BUNDLE) => put_bundle(agent, head, &body),
         ("POST", "/v1/reload") => match agent.force_reload() {
             Ok(r) => Response::json(200, &r),
             Err(e) => Response::json(e.status, &e.body),
         },
-        (_, "/v1/state" | "/v1/config" | "/v1/bundle" | "/v1/reload") => Response::error(
+        (_, api::STATE | api::CONFIG | api::BUNDLE | api::RELOAD) => Response::error(
             405,
             "method_not_allowed",
             format!("{} is not allowed on {}", head.method, head.path),
@@ -398,10 +398,7 @@ fn put_bundle(agent: &Agent, head: &Head, body: &[u8]) -> Response {
         Ok(b) => b,
         Err(e) => return Response::error(400, "bad_bundle", e.to_string()),
     };
-    let epoch = match head
-        .header("x-haptic-epoch")
-        .map(|v| v.trim().parse::<u64>())
-    {
+    let epoch = match head.header(api::EPOCH).map(|v| v.trim().parse::<u64>()) {
         None => None,
         Some(Ok(e)) => Some(e),
         Some(Err(_)) => {
@@ -417,7 +414,7 @@ fn put_bundle(agent: &Agent, head: &Head, body: &[u8]) -> Response {
         .is_some_and(|v| matches!(v, "1" | "true" | ""));
     let req = ApplyRequest {
         bundle,
-        if_match: head.header("if-match").map(str::to_string),
+        if_match: head.header(api::IF_MATCH).map(str::to_string),
         epoch,
         dry_run,
     };

@@ -50,10 +50,6 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
-    }
-
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }

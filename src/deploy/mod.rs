@@ -10,9 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
-use haptic_agent::protocol::{Bundle, BundleHash};
+use haptic_agent::protocol::{api, AgentState, ApplyResponse, Bundle, BundleHash, ErrorBody, Mode};
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::kube::lease::Leadership;
 use crate::kube::reflector::Backoff;
@@ -143,44 +142,38 @@ impl Deployer {
             Err(e) => return Outcome::Failed(format!("encode bundle: {e}")),
         };
         let headers = [
-            ("If-Match", applied.unwrap_or("*").to_string()),
-            ("X-Haptic-Epoch", epoch.to_string()),
+            (api::IF_MATCH, applied.unwrap_or("*").to_string()),
+            (api::EPOCH, epoch.to_string()),
         ];
         let reply = match self
             .client
-            .request(&pod.ip, "PUT", "/v1/bundle", &headers, Some(&wire))
+            .request(&pod.ip, "PUT", api::BUNDLE, &headers, Some(&wire))
         {
             Ok(r) => r,
             Err(e) => return Outcome::Failed(e),
         };
-        let body = reply.json();
-        let detail = || {
-            let error = body
-                .get("error")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let detail = body
-                .get("detail")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            format!("{} {error}: {detail}", reply.status)
-        };
+        if reply.status == 200 {
+            return match serde_json::from_slice::<ApplyResponse>(&reply.body) {
+                Ok(applied) => Outcome::Applied {
+                    result: applied.result,
+                },
+                Err(e) => Outcome::Failed(format!("unreadable apply reply: {e}")),
+            };
+        }
+        // Error replies carry an ErrorBody; anything else (a proxy's page) is shown as text.
+        let error = serde_json::from_slice::<ErrorBody>(&reply.body).unwrap_or_else(|_| {
+            ErrorBody::new(
+                "unexpected_reply",
+                reply.text().chars().take(300).collect::<String>(),
+            )
+        });
+        let detail = format!("{} {}: {}", reply.status, error.error, error.detail);
         match reply.status {
-            200 => Outcome::Applied {
-                result: body
-                    .get("result")
-                    .and_then(Value::as_str)
-                    .unwrap_or("applied")
-                    .to_string(),
-            },
             409 => Outcome::Stale {
-                current: body
-                    .get("current_bundle")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
+                current: error.current_bundle,
             },
-            412 => Outcome::Fenced(detail()),
-            _ => Outcome::Failed(detail()),
+            412 => Outcome::Fenced(detail),
+            _ => Outcome::Failed(detail),
         }
     }
 
@@ -189,21 +182,19 @@ impl Deployer {
         let unavailable = |detail: String| NotAdmitted::AgentUnavailable { detail };
         let reply = self
             .client
-            .request(&pod.ip, "GET", "/v1/state", &[], None)
+            .request(&pod.ip, "GET", api::STATE, &[], None)
             .map_err(unavailable)?;
         if reply.status != 200 {
             return Err(unavailable(format!(
-                "GET /v1/state: {} {}",
+                "GET {}: {} {}",
+                api::STATE,
                 reply.status,
                 reply.text()
             )));
         }
-        let state = reply.json();
-        let version = state
-            .pointer("/haproxy/version")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
+        let state: AgentState = serde_json::from_slice(&reply.body)
+            .map_err(|e| unavailable(format!("GET {}: unreadable reply: {e}", api::STATE)))?;
+        let version = state.haproxy.version.clone().unwrap_or_default();
         if let Some(required) = required {
             let pod_mm: String = version.split('.').take(2).collect::<Vec<_>>().join(".");
             if !version.is_empty() && pod_mm != required {
@@ -213,13 +204,9 @@ impl Deployer {
                 });
             }
         }
-        let bundle = if state.get("mode").and_then(Value::as_str) == Some("bootstrap") {
-            None
-        } else {
-            state
-                .get("bundle")
-                .and_then(Value::as_str)
-                .map(str::to_string)
+        let bundle = match state.mode {
+            Mode::Bootstrap => None,
+            Mode::Applied => state.bundle,
         };
         Ok(AgentView { bundle, version })
     }
