@@ -1,5 +1,7 @@
 //! State shared between the controller's threads and its HTTP surfaces (health, debug,
-//! metrics). Each field has one writer; readers take short locks.
+//! metrics). Readers take short locks. Most fields have one writer; `phase` has two: the
+//! config watcher (waiting for a config, invalid config, shutting down) and the reconciler
+//! (waiting for the initial lists, running), whose phases follow the config watcher's.
 
 use std::collections::VecDeque;
 use std::sync::atomic::AtomicBool;

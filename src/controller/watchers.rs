@@ -92,8 +92,6 @@ impl Watchers {
         }
     }
 
-    /// Starts, restarts and stops reflectors so they match `defs`. Fails (changing nothing)
-    /// when a resource is not served by the API server.
     /// Starts, restarts and stops reflectors so they match `defs`; returns the names whose
     /// reflector (re)started. A resource the API server does not serve (a Gateway API CRD not
     /// installed, say) does not block the config: its store stays empty, it counts as synced,

@@ -23,7 +23,6 @@ pub struct AgentTls {
     pub server_name: String,
 }
 
-/// Builds and caches the rustls client configuration from `tls.crt`, `tls.key`, `ca.crt`.
 /// How the controller reaches agents.
 #[derive(Debug, Clone)]
 pub enum Transport {
