@@ -105,34 +105,29 @@ impl Registry {
     }
 
     /// Declares a family so it is exported (with no samples) before its first use.
-    pub fn describe_counter(&self, name: &'static str, help: &'static str) {
-        self.with(name, help, Kind::Counter, &[], |_| ());
+    pub fn describe_counter(&self, metric: &Metric) {
+        self.with(metric.name, metric.help, Kind::Counter, &[], |_| ());
     }
 
-    pub fn inc(&self, name: &'static str, help: &'static str, pairs: &[(&str, &str)]) {
-        self.add(name, help, pairs, 1.0);
+    pub fn inc(&self, metric: &Metric, pairs: &[(&str, &str)]) {
+        self.add(metric, pairs, 1.0);
     }
 
-    pub fn add(&self, name: &'static str, help: &'static str, pairs: &[(&str, &str)], v: f64) {
-        self.with(name, help, Kind::Counter, &[], |f| {
+    pub fn add(&self, metric: &Metric, pairs: &[(&str, &str)], v: f64) {
+        self.with(metric.name, metric.help, Kind::Counter, &[], |f| {
             *f.values.entry(labels(pairs)).or_insert(0.0) += v
         });
     }
 
-    pub fn set(&self, name: &'static str, help: &'static str, pairs: &[(&str, &str)], v: f64) {
-        self.with(name, help, Kind::Gauge, &[], |f| {
+    pub fn set(&self, metric: &Metric, pairs: &[(&str, &str)], v: f64) {
+        self.with(metric.name, metric.help, Kind::Gauge, &[], |f| {
             f.values.insert(labels(pairs), v);
         });
     }
 
     /// Replaces every sample of a gauge family (for per-object gauges whose label sets change).
-    pub fn set_all(
-        &self,
-        name: &'static str,
-        help: &'static str,
-        samples: Vec<(Vec<(&str, &str)>, f64)>,
-    ) {
-        self.with(name, help, Kind::Gauge, &[], |f| {
+    pub fn set_all(&self, metric: &Metric, samples: Vec<(Vec<(&str, &str)>, f64)>) {
+        self.with(metric.name, metric.help, Kind::Gauge, &[], |f| {
             f.values = samples
                 .iter()
                 .map(|(pairs, v)| (labels(pairs), *v))
@@ -142,13 +137,12 @@ impl Registry {
 
     pub fn observe(
         &self,
-        name: &'static str,
-        help: &'static str,
+        metric: &Metric,
         buckets: &'static [f64],
         pairs: &[(&str, &str)],
         v: f64,
     ) {
-        self.with(name, help, Kind::Histogram, buckets, |f| {
+        self.with(metric.name, metric.help, Kind::Histogram, buckets, |f| {
             let h = f
                 .histograms
                 .entry(labels(pairs))
@@ -257,25 +251,13 @@ mod tests {
     #[test]
     fn encodes_counters_gauges_histograms() {
         let r = Registry::default();
-        r.inc("haptic_reconciliation_total", "Reconciliations.", &[]);
+        r.inc(&RECONCILIATION_TOTAL, &[]);
         r.inc(
-            "haptic_watch_events_total",
-            "Watch events.",
+            &WATCH_EVENTS_TOTAL,
             &[("resource", "ingresses"), ("type", "ADDED")],
         );
-        r.set(
-            "haptic_leader_election_is_leader",
-            "1 when leading.",
-            &[],
-            1.0,
-        );
-        r.observe(
-            "haptic_render_duration_seconds",
-            "Render time.",
-            DURATION_BUCKETS,
-            &[],
-            0.02,
-        );
+        r.set(&LEADER_ELECTION_IS_LEADER, &[], 1.0);
+        r.observe(&RENDER_DURATION_SECONDS, DURATION_BUCKETS, &[], 0.02);
         let text = r.encode();
         assert!(
             text.contains(
@@ -303,3 +285,96 @@ mod tests {
         assert_eq!(r.value("haptic_leader_election_is_leader", &[]), Some(1.0));
     }
 }
+
+/// A metric: name and help text, declared once in the catalogue below.
+#[derive(Debug)]
+pub struct Metric {
+    pub name: &'static str,
+    pub help: &'static str,
+}
+
+// The catalogue: every family the controller exports (docs/operations.md lists them).
+pub const DRIFT_DETECTED_TOTAL: Metric = Metric {
+    name: "haptic_drift_detected_total",
+    help: "Pods found running another bundle than the one deployed to them.",
+};
+pub const ADMITTED_PODS: Metric = Metric {
+    name: "haptic_admitted_pods",
+    help: "HAProxy pods admitted for deployment.",
+};
+pub const DEPLOYMENT_TOTAL: Metric = Metric {
+    name: "haptic_deployment_total",
+    help: "Bundle pushes to HAProxy pods by result.",
+};
+pub const DEPLOYMENT_ERRORS_TOTAL: Metric = Metric {
+    name: "haptic_deployment_errors_total",
+    help: "Failed bundle pushes to HAProxy pods.",
+};
+pub const DEPLOYMENT_DURATION_SECONDS: Metric = Metric {
+    name: "haptic_deployment_duration_seconds",
+    help: "Time to push one bundle to the pods that needed it.",
+};
+pub const CHANGE_TO_DEPLOYED_SECONDS: Metric = Metric {
+    name: "haptic_change_to_deployed_seconds",
+    help: "From the first change seen to the bundle applied on every admitted pod.",
+};
+pub const WEBHOOK_REQUESTS_TOTAL: Metric = Metric {
+    name: "haptic_webhook_requests_total",
+    help: "Admission webhook requests by result.",
+};
+pub const BUILD_INFO: Metric = Metric {
+    name: "haptic_build_info",
+    help: "Build information.",
+};
+pub const LEADER_ELECTION_IS_LEADER: Metric = Metric {
+    name: "haptic_leader_election_is_leader",
+    help: "1 while this replica leads.",
+};
+pub const LEADER_ELECTION_TRANSITIONS_TOTAL: Metric = Metric {
+    name: "haptic_leader_election_transitions_total",
+    help: "Leadership changes of this replica.",
+};
+pub const CONFIG_ERRORS_TOTAL: Metric = Metric {
+    name: "haptic_config_errors_total",
+    help: "HAProxyTemplateConfig changes refused as invalid.",
+};
+pub const WATCH_RESTARTS_TOTAL: Metric = Metric {
+    name: "haptic_watch_restarts_total",
+    help: "Re-lists of a watched resource (410, errors, broken watches).",
+};
+pub const WATCH_EVENTS_TOTAL: Metric = Metric {
+    name: "haptic_watch_events_total",
+    help: "Changes received per watched resource.",
+};
+pub const RESOURCE_OBJECTS: Metric = Metric {
+    name: "haptic_resource_objects",
+    help: "Objects held per watched resource.",
+};
+pub const RECONCILIATION_TOTAL: Metric = Metric {
+    name: "haptic_reconciliation_total",
+    help: "Reconciliations (render, and validation when needed).",
+};
+pub const VALIDATION_DURATION_SECONDS: Metric = Metric {
+    name: "haptic_validation_duration_seconds",
+    help: "Time of haproxy -c on a rendered bundle.",
+};
+pub const RENDER_DURATION_SECONDS: Metric = Metric {
+    name: "haptic_render_duration_seconds",
+    help: "Time to render every template once.",
+};
+pub const DROPPED_OBJECTS: Metric = Metric {
+    name: "haptic_dropped_objects",
+    help: "Objects left out of the configuration (refused values, failed checks).",
+};
+pub const RECONCILIATION_DURATION_SECONDS: Metric = Metric {
+    name: "haptic_reconciliation_duration_seconds",
+    help: "Time of one reconciliation.",
+};
+pub const CONFIG_BYTES: Metric = Metric {
+    name: "haptic_config_bytes",
+    help: "Size of the rendered haproxy.cfg.",
+};
+pub const RECONCILIATION_ERRORS_TOTAL: Metric = Metric {
+    name: "haptic_reconciliation_errors_total",
+    help: "Reconciliations that failed, by stage (render, validate).",
+};

@@ -252,58 +252,26 @@ pub fn run(opts: Options) -> Result<(), String> {
 
     let metrics = Registry::default();
     metrics.set(
-        "haptic_build_info",
-        "Build information.",
+        &crate::metrics::BUILD_INFO,
         &[
             ("version", env!("CARGO_PKG_VERSION")),
             ("commit", env!("HAPTIC_GIT_COMMIT")),
         ],
         1.0,
     );
-    for (name, help) in [
-        (
-            "haptic_reconciliation_total",
-            "Reconciliations (render, and validation when needed).",
-        ),
-        (
-            "haptic_reconciliation_errors_total",
-            "Reconciliations that failed, by stage (render, validate).",
-        ),
-        (
-            "haptic_leader_election_transitions_total",
-            "Leadership changes of this replica.",
-        ),
-        (
-            "haptic_webhook_requests_total",
-            "Admission webhook requests by result.",
-        ),
-        (
-            "haptic_deployment_total",
-            "Bundle pushes to HAProxy pods by result.",
-        ),
-        (
-            "haptic_deployment_errors_total",
-            "Failed bundle pushes to HAProxy pods.",
-        ),
-        (
-            "haptic_config_errors_total",
-            "HAProxyTemplateConfig changes refused as invalid.",
-        ),
+    for metric in [
+        &crate::metrics::RECONCILIATION_TOTAL,
+        &crate::metrics::RECONCILIATION_ERRORS_TOTAL,
+        &crate::metrics::LEADER_ELECTION_TRANSITIONS_TOTAL,
+        &crate::metrics::WEBHOOK_REQUESTS_TOTAL,
+        &crate::metrics::DEPLOYMENT_TOTAL,
+        &crate::metrics::DEPLOYMENT_ERRORS_TOTAL,
+        &crate::metrics::CONFIG_ERRORS_TOTAL,
     ] {
-        metrics.describe_counter(name, help);
+        metrics.describe_counter(metric);
     }
-    metrics.set(
-        "haptic_leader_election_is_leader",
-        "1 while this replica leads.",
-        &[],
-        0.0,
-    );
-    metrics.set(
-        "haptic_admitted_pods",
-        "HAProxy pods admitted for deployment.",
-        &[],
-        0.0,
-    );
+    metrics.set(&crate::metrics::LEADER_ELECTION_IS_LEADER, &[], 0.0);
+    metrics.set(&crate::metrics::ADMITTED_PODS, &[], 0.0);
     let shared = Arc::new(Shared::new(
         metrics.clone(),
         Arc::new(Leadership::default()),
@@ -356,8 +324,8 @@ pub fn run(opts: Options) -> Result<(), String> {
             recv(config_events_rx) -> _ => {}
             recv(leader_rx) -> ev => if let Ok(ev) = ev {
                 let leading = matches!(ev, LeaderEvent::Started { .. });
-                metrics.set("haptic_leader_election_is_leader", "1 while this replica leads.", &[], if leading { 1.0 } else { 0.0 });
-                metrics.inc("haptic_leader_election_transitions_total", "Leadership changes of this replica.", &[]);
+                metrics.set(&crate::metrics::LEADER_ELECTION_IS_LEADER, &[], if leading { 1.0 } else { 0.0 });
+                metrics.inc(&crate::metrics::LEADER_ELECTION_TRANSITIONS_TOTAL, &[]);
                 shared.record(if leading { "leader gained" } else { "leader lost" });
                 let _ = ch.deploy_tx.send(DeployMsg::Leadership);
             },
@@ -406,11 +374,7 @@ pub fn run(opts: Options) -> Result<(), String> {
                     "{source} generation {generation} is invalid; keeping the running config: {e}"
                 );
                 shared.record(format!("config generation {generation} invalid: {e}"));
-                metrics.inc(
-                    "haptic_config_errors_total",
-                    "HAProxyTemplateConfig changes refused as invalid.",
-                    &[],
-                );
+                metrics.inc(&crate::metrics::CONFIG_ERRORS_TOTAL, &[]);
                 let _ = ch.status_tx.send(StatusMsg::ConfigValidation {
                     generation,
                     error: Some(e),

@@ -107,20 +107,16 @@ impl Reconciler {
         let name = match &ev {
             ReflectorEvent::Changed { name } => name.clone(),
             ReflectorEvent::Relisted { name, reason } => {
-                self.shared.metrics.inc(
-                    "haptic_watch_restarts_total",
-                    "Re-lists of a watched resource (410, errors, broken watches).",
-                    &[("resource", name)],
-                );
+                self.shared
+                    .metrics
+                    .inc(&crate::metrics::WATCH_RESTARTS_TOTAL, &[("resource", name)]);
                 log::debug!("resource={name} relisted: {reason}");
                 name.clone()
             }
         };
-        self.shared.metrics.inc(
-            "haptic_watch_events_total",
-            "Changes received per watched resource.",
-            &[("resource", &name)],
-        );
+        self.shared
+            .metrics
+            .inc(&crate::metrics::WATCH_EVENTS_TOTAL, &[("resource", &name)]);
         if name == HAPROXY_PODS {
             if let Some(pods) = lock(&self.watchers).store(HAPROXY_PODS) {
                 let _ = self
@@ -166,8 +162,7 @@ impl Reconciler {
         *lock(&self.shared.store_counts) =
             stores.iter().map(|(n, st)| (n.clone(), st.len())).collect();
         self.shared.metrics.set_all(
-            "haptic_resource_objects",
-            "Objects held per watched resource.",
+            &crate::metrics::RESOURCE_OBJECTS,
             stores
                 .iter()
                 .map(|(n, st)| (vec![("type", n.as_str())], st.len() as f64))
@@ -186,11 +181,7 @@ impl Reconciler {
     ) {
         let metrics = &self.shared.metrics;
         let started = Instant::now();
-        metrics.inc(
-            "haptic_reconciliation_total",
-            "Reconciliations (render, and validation when needed).",
-            &[],
-        );
+        metrics.inc(&crate::metrics::RECONCILIATION_TOTAL, &[]);
         let inputs = RenderInputs {
             stores,
             extra_context: config.spec.templating_settings.extra_context.clone(),
@@ -217,8 +208,7 @@ impl Reconciler {
             let check_started = Instant::now();
             let result = check_bundle(&haproxy_bin, bundle);
             metrics.observe(
-                "haptic_validation_duration_seconds",
-                "Time of haproxy -c on a rendered bundle.",
+                &crate::metrics::VALIDATION_DURATION_SECONDS,
                 DURATION_BUCKETS,
                 &[],
                 check_started.elapsed().as_secs_f64(),
@@ -234,8 +224,7 @@ impl Reconciler {
             &mut check,
         );
         metrics.observe(
-            "haptic_render_duration_seconds",
-            "Time to render every template once.",
+            &crate::metrics::RENDER_DURATION_SECONDS,
             DURATION_BUCKETS,
             &[],
             render_started.elapsed().as_secs_f64(),
@@ -248,8 +237,7 @@ impl Reconciler {
         let rendered = validated.rendered;
         let bundle = validated.bundle;
         metrics.set(
-            "haptic_dropped_objects",
-            "Objects left out of the configuration (refused values, failed checks).",
+            &crate::metrics::DROPPED_OBJECTS,
             &[],
             rendered.dropped.len() as f64,
         );
@@ -295,15 +283,13 @@ impl Reconciler {
     fn succeeded(&self, _s: &mut Loop, bundle: &Bundle, started: Instant) {
         let metrics = &self.shared.metrics;
         metrics.observe(
-            "haptic_reconciliation_duration_seconds",
-            "Time of one reconciliation.",
+            &crate::metrics::RECONCILIATION_DURATION_SECONDS,
             DURATION_BUCKETS,
             &[],
             started.elapsed().as_secs_f64(),
         );
         metrics.set(
-            "haptic_config_bytes",
-            "Size of the rendered haproxy.cfg.",
+            &crate::metrics::CONFIG_BYTES,
             &[],
             bundle.haproxy_cfg.len() as f64,
         );
@@ -325,13 +311,11 @@ impl Reconciler {
     fn failed(&self, _s: &mut Loop, stage: &str, error: String, started: Instant) {
         let metrics = &self.shared.metrics;
         metrics.inc(
-            "haptic_reconciliation_errors_total",
-            "Reconciliations that failed, by stage (render, validate).",
+            &crate::metrics::RECONCILIATION_ERRORS_TOTAL,
             &[("stage", stage)],
         );
         metrics.observe(
-            "haptic_reconciliation_duration_seconds",
-            "Time of one reconciliation.",
+            &crate::metrics::RECONCILIATION_DURATION_SECONDS,
             DURATION_BUCKETS,
             &[],
             started.elapsed().as_secs_f64(),

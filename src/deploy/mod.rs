@@ -360,11 +360,7 @@ impl Deployer {
                             "pod={key} drift: runs {applied:?}, expected {:?}; re-pushing",
                             pod.applied
                         );
-                        self.metrics.inc(
-                            "haptic_drift_detected_total",
-                            "Pods found running another bundle than the one deployed to them.",
-                            &[],
-                        );
+                        self.metrics.inc(&crate::metrics::DRIFT_DETECTED_TOTAL, &[]);
                     }
                     if !pod.status.admitted {
                         log::info!("pod={key} admitted haproxy={version} bundle={applied:?}");
@@ -388,12 +384,8 @@ impl Deployer {
             }
         }
         let admitted = pods.values().filter(|p| p.status.admitted).count();
-        self.metrics.set(
-            "haptic_admitted_pods",
-            "HAProxy pods admitted for deployment.",
-            &[],
-            admitted as f64,
-        );
+        self.metrics
+            .set(&crate::metrics::ADMITTED_PODS, &[], admitted as f64);
 
         let Some(published) = current else {
             return idle;
@@ -461,11 +453,8 @@ impl Deployer {
                     pod.status.consecutive_failures = 0;
                     pod.status.last_deployed_at = Some(now_rfc3339());
                     pod.backoff.reset();
-                    self.metrics.inc(
-                        "haptic_deployment_total",
-                        "Bundle pushes to HAProxy pods by result.",
-                        &[("result", &result)],
-                    );
+                    self.metrics
+                        .inc(&crate::metrics::DEPLOYMENT_TOTAL, &[("result", &result)]);
                 }
                 Outcome::Stale { current } => {
                     log::info!("pod={key} runs {current:?}, not the bundle we assumed; retrying with it as base");
@@ -481,23 +470,16 @@ impl Deployer {
                     pod.status.consecutive_failures += 1;
                     pod.next_attempt = Instant::now() + pod.backoff.delay();
                     pod.known = false;
-                    self.metrics.inc(
-                        "haptic_deployment_errors_total",
-                        "Failed bundle pushes to HAProxy pods.",
-                        &[],
-                    );
-                    self.metrics.inc(
-                        "haptic_deployment_total",
-                        "Bundle pushes to HAProxy pods by result.",
-                        &[("result", "error")],
-                    );
+                    self.metrics
+                        .inc(&crate::metrics::DEPLOYMENT_ERRORS_TOTAL, &[]);
+                    self.metrics
+                        .inc(&crate::metrics::DEPLOYMENT_TOTAL, &[("result", "error")]);
                 }
             }
         }
         let elapsed = started.elapsed();
         self.metrics.observe(
-            "haptic_deployment_duration_seconds",
-            "Time to push one bundle to the pods that needed it.",
+            &crate::metrics::DEPLOYMENT_DURATION_SECONDS,
             DURATION_BUCKETS,
             &[],
             elapsed.as_secs_f64(),
@@ -509,8 +491,7 @@ impl Deployer {
         if everywhere && ok > 0 {
             let latency = published.first_change.elapsed();
             self.metrics.observe(
-                "haptic_change_to_deployed_seconds",
-                "From the first change seen to the bundle applied on every admitted pod.",
+                &crate::metrics::CHANGE_TO_DEPLOYED_SECONDS,
                 DURATION_BUCKETS,
                 &[],
                 latency.as_secs_f64(),

@@ -194,8 +194,7 @@ impl Webhook {
             Err(Denial::Error(m)) => ("error", true, m.clone()),
         };
         self.shared.metrics.inc(
-            "haptic_webhook_requests_total",
-            "Admission webhook requests by result.",
+            &crate::metrics::WEBHOOK_REQUESTS_TOTAL,
             &[("result", result)],
         );
         log::info!(
