@@ -244,48 +244,6 @@ fn process_metrics() -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn encodes_counters_gauges_histograms() {
-        let r = Registry::default();
-        r.inc(&RECONCILIATION_TOTAL, &[]);
-        r.inc(
-            &WATCH_EVENTS_TOTAL,
-            &[("resource", "ingresses"), ("type", "ADDED")],
-        );
-        r.set(&LEADER_ELECTION_IS_LEADER, &[], 1.0);
-        r.observe(&RENDER_DURATION_SECONDS, DURATION_BUCKETS, &[], 0.02);
-        let text = r.encode();
-        assert!(
-            text.contains(
-                "# TYPE haptic_reconciliation_total counter\nhaptic_reconciliation_total 1\n"
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains("haptic_watch_events_total{resource=\"ingresses\",type=\"ADDED\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("haptic_render_duration_seconds_bucket{le=\"0.025\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("haptic_render_duration_seconds_bucket{le=\"0.01\"} 0"),
-            "{text}"
-        );
-        assert!(
-            text.contains("haptic_render_duration_seconds_count 1"),
-            "{text}"
-        );
-        assert!(text.contains("process_resident_memory_bytes "), "{text}");
-        assert_eq!(r.value("haptic_leader_election_is_leader", &[]), Some(1.0));
-    }
-}
-
 /// A metric: name and help text, declared once in the catalogue below.
 #[derive(Debug)]
 pub struct Metric {
@@ -378,3 +336,45 @@ pub const RECONCILIATION_ERRORS_TOTAL: Metric = Metric {
     name: "haptic_reconciliation_errors_total",
     help: "Reconciliations that failed, by stage (render, validate).",
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_counters_gauges_histograms() {
+        let r = Registry::default();
+        r.inc(&RECONCILIATION_TOTAL, &[]);
+        r.inc(
+            &WATCH_EVENTS_TOTAL,
+            &[("resource", "ingresses"), ("type", "ADDED")],
+        );
+        r.set(&LEADER_ELECTION_IS_LEADER, &[], 1.0);
+        r.observe(&RENDER_DURATION_SECONDS, DURATION_BUCKETS, &[], 0.02);
+        let text = r.encode();
+        assert!(
+            text.contains(
+                "# TYPE haptic_reconciliation_total counter\nhaptic_reconciliation_total 1\n"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("haptic_watch_events_total{resource=\"ingresses\",type=\"ADDED\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("haptic_render_duration_seconds_bucket{le=\"0.025\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("haptic_render_duration_seconds_bucket{le=\"0.01\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("haptic_render_duration_seconds_count 1"),
+            "{text}"
+        );
+        assert!(text.contains("process_resident_memory_bytes "), "{text}");
+        assert_eq!(r.value("haptic_leader_election_is_leader", &[]), Some(1.0));
+    }
+}
