@@ -84,15 +84,29 @@ fn main() {
             base_dir: None,
         };
 
-        // HAPTIC_BENCH_PROFILE=N: only N unchanged renders (for a profiler), then stop.
+        // HAPTIC_BENCH_PROFILE=N: only N renders that replay (an Ingress added and removed in
+        // turn, so every top level runs again), for a profiler; then stop.
         if let Some(runs) = std::env::var("HAPTIC_BENCH_PROFILE")
             .ok()
             .and_then(|n| n.parse::<usize>().ok())
         {
             let mut cache = RenderCache::new();
-            for _ in 0..=runs {
+            let extra = Arc::new(
+                json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                "metadata": {"name": "profile-extra", "namespace": "ns0", "creationTimestamp": "2025-01-01T00:00:00Z"},
+                "spec": {"ingressClassName": "haproxy", "rules": [{"host": "extra.example.com",
+                    "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                        "backend": {"service": {"name": "svc0", "port": {"number": 80}}}}]}}]}}),
+            );
+            for run in 0..=runs {
+                let mut changed = stores.clone();
+                if run % 2 == 1 {
+                    let mut ingresses = (*stores["ingresses"]).clone();
+                    ingresses.upsert(extra.clone()).expect("upsert");
+                    changed.insert("ingresses".into(), Arc::new(ingresses));
+                }
                 engine
-                    .render_cached(&inputs(stores.clone()), &mut cache)
+                    .render_cached(&inputs(changed), &mut cache)
                     .expect("render");
             }
             return;
