@@ -150,6 +150,17 @@ fn ingress_routes_and_deletion_stops_routing() {
         metric_value(&metrics(&c, 1 - leader), "haptic_leader_election_is_leader"),
         0.0
     );
+    // The standby is warm: it has probed the pods' agents (admitted, HAProxy version) though
+    // only the leader pushes.
+    wait_for("the standby knows the pods", DEADLINE, || {
+        let standby = &c.controllers[1 - leader];
+        standby
+            .get(standby.health_port, "/debug/pods")
+            .is_some_and(|(_, body)| {
+                body.matches("\"admitted\": true").count() == c.pods.len()
+                    && body.contains("\"haproxy_version\": \"")
+            })
+    });
     wait_for("Deployed condition", DEADLINE, || {
         c.condition("Deployed").is_some_and(|(s, _)| s == "True")
     });

@@ -300,9 +300,9 @@ impl Deployer {
         next_drift: &mut Instant,
     ) -> Duration {
         let idle = Duration::from_millis(500);
-        let Some(epoch) = self.leadership.epoch() else {
-            return idle;
-        };
+        // Every replica learns the pods' state (a standby is warm: it knows which pods are
+        // admitted and what they run when it takes over); only the leader pushes.
+        let epoch = self.leadership.epoch();
         let config = crate::lock(&self.config);
         let (min_interval, drift_interval, required) = (
             config.min_deployment_interval,
@@ -355,7 +355,7 @@ impl Deployer {
                     bundle: applied,
                     version,
                 }) => {
-                    if pod.known && drift_due && applied != pod.applied {
+                    if epoch.is_some() && pod.known && drift_due && applied != pod.applied {
                         log::warn!(
                             "pod={key} drift: runs {applied:?}, expected {:?}; re-pushing",
                             pod.applied
@@ -387,7 +387,7 @@ impl Deployer {
         self.metrics
             .set(&crate::metrics::ADMITTED_PODS, &[], admitted as f64);
 
-        let Some(published) = current else {
+        let (Some(published), Some(epoch)) = (current, epoch) else {
             return idle;
         };
         let hash = published.hash.as_str();
