@@ -202,6 +202,28 @@ fn endpoint_scaling_is_runtime_and_template_changes_apply_live() {
     c.apply_config(&c.config_object(&snippet("'http-request return status 418 content-type text/plain string teapot if { path /teapot }'")));
     c.wait_route("web.example.com", "/teapot", 418, "teapot", DEADLINE);
 
+    // A setting read once at start-up does not change silently: a Warning event says which
+    // settings need a restart; everything else of the same config applies live.
+    let mut changed = c.config_object(&snippet("'http-request return status 418 content-type text/plain string teapot2 if { path /teapot }'"));
+    changed["spec"]["controller"]["leaderElection"]["leaseDuration"] = json!("4s");
+    c.apply_config(&changed);
+    c.wait_route("web.example.com", "/teapot", 418, "teapot2", DEADLINE);
+    wait_for("a RestartRequired event", DEADLINE, || {
+        let (_, out) = c.kubectl(
+            &[
+                "get",
+                "events",
+                "-o",
+                "jsonpath={range .items[*]}{.reason}: {.message}{\"\\n\"}{end}",
+            ],
+            None,
+        );
+        out.lines().any(|l| {
+            l.starts_with("RestartRequired:")
+                && l.contains("controller.leaderElection.leaseDuration (4s)")
+        })
+    });
+
     // A broken template: the Rendered condition names the template and line, the error metric
     // moves, and traffic keeps flowing on the last good configuration.
     wait_for("a leader", DEADLINE, || c.leader_index().is_some());

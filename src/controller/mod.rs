@@ -316,6 +316,7 @@ pub fn run(opts: Options) -> Result<(), String> {
     let elector_stop = Arc::new(AtomicBool::new(false));
     let mut runtime: Option<Runtime> = None;
     let mut active: Option<Arc<ActiveConfig>> = None;
+    let mut startup: Option<Vec<(&'static str, String)>> = None;
     let mut seen_version = String::new();
     let mut last_discovery = Instant::now();
 
@@ -413,6 +414,26 @@ pub fn run(opts: Options) -> Result<(), String> {
             generation: config.generation,
             error: None,
         });
+        // Settings read once when the runtime starts: a change is reported, not ignored.
+        match &startup {
+            None => startup = Some(startup_settings(&config.spec)),
+            Some(first) => {
+                let needs_restart: Vec<String> = startup_settings(&config.spec)
+                    .into_iter()
+                    .zip(first)
+                    .filter(|(now, then)| now != *then)
+                    .map(|((field, value), _)| format!("{field} ({value})"))
+                    .collect();
+                if !needs_restart.is_empty() {
+                    log::warn!(
+                        "config generation={} changes settings that take effect after a restart of the controller: {}",
+                        config.generation,
+                        needs_restart.join(", ")
+                    );
+                }
+                let _ = ch.status_tx.send(StatusMsg::RestartRequired(needs_restart));
+            }
+        }
         if runtime.is_none() {
             runtime = Some(start_runtime(
                 &opts,
@@ -493,4 +514,33 @@ fn start_config_reflector(
         log::error!("{e}");
     }
     store
+}
+
+/// The settings the controller reads once, when its runtime starts (the elector, the agent
+/// client), with their values: field path and value.
+fn startup_settings(spec: &crate::config::Spec) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "controller.leaderElection.enabled",
+            spec.leader_election_enabled().to_string(),
+        ),
+        ("controller.leaderElection.leaseName", spec.lease_name()),
+        (
+            "controller.leaderElection.leaseDuration",
+            format!("{:?}", spec.lease_duration()),
+        ),
+        (
+            "controller.leaderElection.renewDeadline",
+            format!("{:?}", spec.renew_deadline()),
+        ),
+        (
+            "controller.leaderElection.retryPeriod",
+            format!("{:?}", spec.retry_period()),
+        ),
+        ("dataplane.port", spec.dataplane_port().to_string()),
+        (
+            "dataplane.deploymentTimeout",
+            format!("{:?}", spec.deployment_timeout()),
+        ),
+    ]
 }

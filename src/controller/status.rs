@@ -79,6 +79,9 @@ pub enum StatusMsg {
     TemplateStatuses(Arc<Vec<StatusUpdate>>),
     /// The objects the last render left out (refused values, failed checks).
     Dropped(Vec<crate::render::Dropped>),
+    /// Settings of the running config that differ from those the controller started with
+    /// and take effect only after a restart (`field (new value)`); empty when none.
+    RestartRequired(Vec<String>),
     Shutdown,
 }
 
@@ -120,12 +123,15 @@ struct Desired {
     /// The list `templates` was built from (a render that changed no status sends the same).
     templates_from: Option<Arc<Vec<StatusUpdate>>>,
     dropped: Vec<crate::render::Dropped>,
+    restart_required: Vec<String>,
 }
 
 #[derive(Default)]
 struct Written {
     /// Objects a Warning event was written for, with the message.
     dropped: BTreeMap<crate::render::Owner, String>,
+    /// The restart-required settings a Warning event was written for.
+    restart_required: Vec<String>,
     conditions: Vec<Condition>,
     transition_times: BTreeMap<&'static str, (bool, String)>,
     generation: i64,
@@ -191,6 +197,7 @@ impl StatusWriter {
                 desired.templates_from = Some(list);
             }
             StatusMsg::Dropped(list) => desired.dropped = list,
+            StatusMsg::RestartRequired(fields) => desired.restart_required = fields,
             StatusMsg::Shutdown => {}
         }
     }
@@ -384,6 +391,21 @@ impl StatusWriter {
             }
         }
         self.pod_events(written);
+        if written.restart_required != desired.restart_required {
+            if !desired.restart_required.is_empty() {
+                let involved = json!({"apiVersion": crate::config::model::API_VERSION, "kind": crate::config::model::KIND, "name": self.config_name, "namespace": self.namespace});
+                self.emit(
+                    involved,
+                    "Warning",
+                    "RestartRequired",
+                    &format!(
+                        "these settings take effect after the controller restarts: {}",
+                        desired.restart_required.join(", ")
+                    ),
+                );
+            }
+            written.restart_required = desired.restart_required.clone();
+        }
         self.dropped_events(desired, written);
         let now = rfc3339(SystemTime::now());
         for (key, status) in &desired.templates {
