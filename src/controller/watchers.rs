@@ -157,16 +157,12 @@ impl Watchers {
                 } else {
                     log::warn!("resource={name} discovery failed, will retry: {e}");
                 }
-                let index = def
-                    .index_by
-                    .iter()
-                    .filter_map(|e| crate::store::path::PathExpr::parse(e).ok())
-                    .collect();
+                let store = Store::indexed_by(&def.index_by);
                 self.running.insert(
                     name.to_string(),
                     Running {
                         def,
-                        store: Arc::new(RwLock::new(Arc::new(Store::new(index)))),
+                        store: Arc::new(RwLock::new(Arc::new(store))),
                         synced: Arc::new(AtomicBool::new(served_elsewhere)),
                         stop: Arc::new(AtomicBool::new(false)),
                         undiscovered: Some(e.to_string()),
@@ -177,25 +173,10 @@ impl Watchers {
     }
 
     fn start(&mut self, name: &str, def: WatchDef, namespaced: bool) {
-        let index = def
-            .index_by
-            .iter()
-            .filter_map(|e| crate::store::path::PathExpr::parse(e).ok())
-            .collect();
-        let store: SharedStore = Arc::new(RwLock::new(Arc::new(Store::new(index))));
+        let store: SharedStore = Arc::new(RwLock::new(Arc::new(Store::indexed_by(&def.index_by))));
         let synced = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
-        let filter = ObjectFilter {
-            ignore_fields: def
-                .ignore_fields
-                .iter()
-                .filter_map(|e| crate::store::path::PathExpr::parse(e).ok())
-                .collect(),
-            field_selector: def
-                .field_selector
-                .as_deref()
-                .and_then(|s| crate::store::selector::FieldSelector::parse(s).ok()),
-        };
+        let filter = ObjectFilter::new(&def.ignore_fields, def.field_selector.as_deref());
         let reflector = Reflector {
             name: name.to_string(),
             client: self.client.clone(),

@@ -292,33 +292,41 @@ impl ObjectFilter {
     }
 }
 
+/// Path expressions from config text (checked by config validation; a bad one is skipped).
+fn paths(exprs: &[String]) -> Vec<PathExpr> {
+    exprs
+        .iter()
+        .filter_map(|e| PathExpr::parse(e).ok())
+        .collect()
+}
+
 impl Store {
+    /// An empty store indexed by `indexBy` expressions.
+    pub fn indexed_by(index_by: &[String]) -> Store {
+        Store::new(paths(index_by))
+    }
+
     /// An empty store indexed the way a watched resource asks.
     pub fn for_resource(resource: &WatchedResource) -> Store {
-        Store::new(
-            resource
-                .index_by
-                .iter()
-                .filter_map(|e| PathExpr::parse(e).ok())
-                .collect(),
-        )
+        Store::indexed_by(&resource.index_by)
     }
 }
 
 impl ObjectFilter {
-    /// The arrival filter of a watched resource (expressions were checked by config validation).
-    pub fn for_resource(spec: &Spec, resource: &WatchedResource) -> ObjectFilter {
+    /// The arrival filter from ignored-field expressions and a field selector.
+    pub fn new(ignore_fields: &[String], field_selector: Option<&str>) -> ObjectFilter {
         ObjectFilter {
-            ignore_fields: spec
-                .watched_resources_ignore_fields
-                .iter()
-                .filter_map(|e| PathExpr::parse(e).ok())
-                .collect(),
-            field_selector: resource
-                .field_selector
-                .as_deref()
-                .and_then(|s| FieldSelector::parse(s).ok()),
+            ignore_fields: paths(ignore_fields),
+            field_selector: field_selector.and_then(|s| FieldSelector::parse(s).ok()),
         }
+    }
+
+    /// The arrival filter of a watched resource.
+    pub fn for_resource(spec: &Spec, resource: &WatchedResource) -> ObjectFilter {
+        ObjectFilter::new(
+            &spec.watched_resources_ignore_fields,
+            resource.field_selector.as_deref(),
+        )
     }
 }
 
