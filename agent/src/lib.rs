@@ -22,12 +22,15 @@ pub mod haproxy_cfg;
 pub mod logging;
 pub mod protocol;
 pub mod reload;
+pub mod time;
+// The small HTTP/1.1 reader and writer of the agent's API, also serving the controller's
+// admission webhook.
+pub mod http;
 
 // The agent itself (used by the `haptic-agent` binary; public for its integration tests).
 pub mod apply;
 pub mod files;
 pub mod haproxy;
-pub mod http;
 mod recover;
 pub mod runtime;
 pub mod server;

@@ -106,7 +106,7 @@ pub struct Deployer {
 }
 
 fn now_rfc3339() -> String {
-    haptic_agent::state::now_rfc3339()
+    haptic_agent::time::now_rfc3339()
 }
 
 /// What `GET /v1/state` told about a pod.

@@ -77,7 +77,7 @@ pub fn lease_resource() -> ResourceRef {
 
 /// RFC 3339 in seconds (`Time`), in UTC.
 pub fn rfc3339(t: SystemTime) -> String {
-    haptic_agent::state::rfc3339(
+    haptic_agent::time::rfc3339(
         t.duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs(),
