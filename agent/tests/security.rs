@@ -275,37 +275,6 @@ fn rotated_tls_files_are_picked_up_without_a_restart() {
     assert_eq!(status(ClientCert::OtherSet), Some(200));
 }
 
-/// A TCP connection to 127.0.0.1:`port` from another loopback address (another peer).
-fn connect_from(source: [u8; 4], port: u16) -> std::io::Result<TcpStream> {
-    use std::os::fd::FromRawFd;
-    let addr = |ip: [u8; 4], port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(ip),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: plain socket calls on a descriptor this function owns until it is wrapped.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let stream = TcpStream::from_raw_fd(fd);
-        let local = addr(source, 0);
-        if libc::bind(fd, &local as *const _ as *const libc::sockaddr, len) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let remote = addr([127, 0, 0, 1], port);
-        if libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(stream)
-    }
-}
-
 #[test]
 fn idle_unauthenticated_connections_do_not_lock_the_controller_out() {
     let env = Env::start(Options::default());

@@ -359,29 +359,17 @@ impl Engine {
         let mut passes = 0;
         let (registry, status, outputs, instances, dropped, file_owners, traces) = loop {
             passes += 1;
-            let registry = Arc::new(FileRegistry::new(paths.clone()));
-            let status = Arc::new(StatusCollector::default());
-            let shared = Arc::new(Shared::default());
             if passes == 1 {
                 cache.prepare(self.id, &inputs.extra_context, &inputs.base_dir);
             }
             cache.stats = units::CacheStats::default();
-            let ctx = self.context(
+            let (ctx, registry, status) = self.enter_scope(
                 inputs,
-                paths.clone(),
-                registry.clone(),
-                status.clone(),
-                shared.clone(),
-            );
-            units::enter(units::Scope::new(
-                ctx.clone(),
-                shared,
-                status.clone(),
-                registry.clone(),
-                inputs,
+                &paths,
+                Arc::new(Shared::default()),
                 std::mem::take(cache),
                 failed.clone(),
-            ));
+            );
             let outputs = self.render_outputs(&ctx, &paths);
             let Some(scope) = units::leave() else {
                 return Err(RenderError {
@@ -579,6 +567,37 @@ impl Engine {
             }
         }
         Ok((haproxy_cfg, files, spans, pres))
+    }
+
+    /// Installs the units scope of one render (or one unit rendered alone): fresh file
+    /// registry and status collector, the given `shared`; returns the root context with them.
+    fn enter_scope(
+        &self,
+        inputs: &RenderInputs,
+        paths: &Paths,
+        shared: Arc<Shared>,
+        cache: RenderCache,
+        failed: HashMap<Owner, String>,
+    ) -> (Value, Arc<FileRegistry>, Arc<StatusCollector>) {
+        let registry = Arc::new(FileRegistry::new(paths.clone()));
+        let status = Arc::new(StatusCollector::default());
+        let ctx = self.context(
+            inputs,
+            paths.clone(),
+            registry.clone(),
+            status.clone(),
+            shared.clone(),
+        );
+        units::enter(units::Scope::new(
+            ctx.clone(),
+            shared,
+            status.clone(),
+            registry.clone(),
+            inputs,
+            cache,
+            failed,
+        ));
+        (ctx, registry, status)
     }
 
     fn context(

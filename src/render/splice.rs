@@ -24,7 +24,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::context::{FileRegistry, StatusCollector};
 use super::current_config::CurrentConfig;
 use super::units::{
     self, Mark, Owner, Read, Recording, RenderCache, TopTrace, UnitKey, MARK_START,
@@ -324,26 +323,26 @@ impl Engine {
         // render (the same objects must be left out again).
         let mut dirty: Vec<UnitKey> = Vec::new();
         let mut candidates: Vec<Reader> = Vec::new();
-        let found = |map: &HashMap<String, Vec<Reader>>, key: &str| {
-            map.get(key).map(Vec::as_slice).unwrap_or_default().to_vec()
-        };
+        fn found<'a>(map: &'a HashMap<String, Vec<Reader>>, key: &str) -> &'a [Reader] {
+            map.get(key).map(Vec::as_slice).unwrap_or_default()
+        }
         for name in &changed {
             match changed_keys.get(name) {
                 // A lookup by keys K answers differently only if a changed key starts with K.
                 Some(touched) => {
-                    candidates.extend(found(&last.readers.lists, name));
+                    candidates.extend_from_slice(found(&last.readers.lists, name));
                     for key in touched {
                         for n in 0..=key.len() {
                             let at = lookup(name, &key[..n]);
-                            candidates.extend(found(&last.readers.lookups, &at));
+                            candidates.extend_from_slice(found(&last.readers.lookups, &at));
                         }
                     }
                 }
-                None => candidates.extend(found(&last.readers.all, name)),
+                None => candidates.extend_from_slice(found(&last.readers.all, name)),
             }
         }
         if !same_current {
-            candidates.extend(found(&last.readers.all, CURRENT));
+            candidates.extend_from_slice(found(&last.readers.all, CURRENT));
         }
         candidates.sort_unstable_by_key(|r| match *r {
             Reader::Top(o) => (0, o, 0),
@@ -474,25 +473,13 @@ impl Engine {
         if passes && units::reads_render_state(&old) {
             return None;
         }
-        let shared = Arc::new(units::seeded_shared(&old));
-        let status = Arc::new(StatusCollector::default());
-        let registry = Arc::new(FileRegistry::new(paths.clone()));
-        let root = self.context(
+        self.enter_scope(
             inputs,
-            paths.clone(),
-            registry.clone(),
-            status.clone(),
-            shared.clone(),
-        );
-        units::enter(units::Scope::new(
-            root,
-            shared,
-            status,
-            registry,
-            inputs,
+            paths,
+            Arc::new(units::seeded_shared(&old)),
             std::mem::take(cache),
             HashMap::new(),
-        ));
+        );
         let result = units::rerender(&self.env, &unit.template, &args);
         let scope = units::leave()?;
         let clean = scope.dropped.is_empty() && scope.newly_failed.is_empty();

@@ -14,25 +14,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// A loopback address (127.128.0.0/9) that no other test uses: the process id picks the
-/// block, a counter the address. HAProxy binds with SO_REUSEPORT, so two tests that picked the
-/// same port on one address would silently share a listener; distinct addresses cannot.
-#[allow(dead_code)]
-pub fn unique_loopback() -> String {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        n < 4 * 254,
-        "more loopback addresses than a test process may use"
-    );
-    let pid = std::process::id();
-    format!(
-        "127.{}.{}.{}",
-        128 | (pid & 0x7f),
-        (((pid >> 7) & 0x3f) << 2) | (n / 254),
-        n % 254 + 1
-    )
-}
+// Loopback addresses, parent-death signals and bound sockets, shared with the agent's tests.
+#[path = "../../agent/tests/support/os.rs"]
+mod os;
+#[allow(unused_imports)] // each test crate uses some of them
+pub use os::{connect_from, unique_loopback, Tied};
 
 /// Polls `condition` until it holds or `timeout` passes; panics with `what` on timeout.
 pub fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
@@ -226,64 +212,5 @@ impl Drop for Proxy {
         self.stop.store(true, Ordering::SeqCst);
         self.set_cut(true);
         let _ = TcpStream::connect(("127.0.0.1", self.port));
-    }
-}
-
-/// Children die with the test thread that started them (SIGKILL through the parent-death
-/// signal), also when the test process is killed: a stopped run leaves no HAProxy, agent,
-/// controller or API server behind.
-pub trait Tied {
-    fn tied(&mut self) -> &mut Self;
-}
-
-impl Tied for std::process::Command {
-    fn tied(&mut self) -> &mut Self {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            self.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent may have died before the signal was armed.
-                if libc::getppid() == 1 {
-                    return Err(std::io::Error::other("parent exited"));
-                }
-                Ok(())
-            })
-        }
-    }
-}
-
-/// A TCP connection to `127.0.0.1:port` from another loopback address (another peer, as far
-/// as per-address connection limits go).
-#[allow(dead_code)]
-pub fn connect_from(source: [u8; 4], port: u16) -> std::io::Result<std::net::TcpStream> {
-    use std::os::fd::FromRawFd;
-    let addr = |ip: [u8; 4], port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(ip),
-        },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: plain socket calls on a descriptor this function owns until it is wrapped.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let stream = std::net::TcpStream::from_raw_fd(fd);
-        let local = addr(source, 0);
-        if libc::bind(fd, &local as *const _ as *const libc::sockaddr, len) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let remote = addr([127, 0, 0, 1], port);
-        if libc::connect(fd, &remote as *const _ as *const libc::sockaddr, len) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(stream)
     }
 }

@@ -21,6 +21,10 @@ use haptic_agent::haproxy::Haproxy;
 use haptic_agent::protocol::{Bundle, BundleFile, FileKind};
 use serde_json::Value;
 
+mod os;
+#[allow(unused_imports)] // each test crate uses some of them
+pub use os::{connect_from, unique_loopback, Tied};
+
 pub const HAPROXY: &str = "/usr/sbin/haproxy";
 
 /// Polls `f` until it returns `Some`, panicking with `what` after `timeout`.
@@ -36,25 +40,6 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// A loopback address (127.128.0.0/9) that no other test uses: the process id picks the
-/// block, a counter the address. HAProxy binds with SO_REUSEPORT, so two tests that picked the
-/// same port on one address would silently share a listener; distinct addresses cannot.
-pub fn unique_loopback() -> String {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed) as u32;
-    assert!(
-        n < 4 * 254,
-        "more loopback addresses than a test process may use"
-    );
-    let pid = std::process::id();
-    format!(
-        "127.{}.{}.{}",
-        128 | (pid & 0x7f),
-        (((pid >> 7) & 0x3f) << 2) | (n / 254),
-        n % 254 + 1
-    )
 }
 
 /// A port nobody listens on right now (for the agent's own listeners, which do not share
@@ -600,31 +585,5 @@ pub fn file(kind: FileKind, path: &str, content: &str) -> BundleFile {
         kind,
         path: path.into(),
         content: content.as_bytes().to_vec(),
-    }
-}
-
-/// Children die with the test thread that started them (SIGKILL through the parent-death
-/// signal), also when the test process is killed: a stopped run leaves no HAProxy, agent,
-/// controller or API server behind.
-pub trait Tied {
-    fn tied(&mut self) -> &mut Self;
-}
-
-impl Tied for std::process::Command {
-    fn tied(&mut self) -> &mut Self {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl and getppid are async-signal-safe; nothing else runs between fork and exec.
-        unsafe {
-            self.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent may have died before the signal was armed.
-                if libc::getppid() == 1 {
-                    return Err(std::io::Error::other("parent exited"));
-                }
-                Ok(())
-            })
-        }
     }
 }
