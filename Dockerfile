@@ -8,11 +8,19 @@
 #   docker build --target agent      -t registry.example.com/haptic-agent:0.1.0 .
 #
 # Build arguments: HAPROXY_VERSION (keep its major.minor equal to the chart's haproxy.image.tag),
-# HAPROXY_SHA256 (checked when set), VERSION (image label), RUST_IMAGE, ALPINE_IMAGE (mirrors).
+# HAPROXY_SHA256 (checked when set), VERSION (image label), RUST_IMAGE, ALPINE_IMAGE (mirrors),
+# DIST (where the final stages take their files from, below).
 # Everything is fetched at build time only; the images fetch nothing at run time.
+#
+# The final stages copy their files from the stage `dist`, which is one of:
+#   dist-source  (default) builds haproxy, haptic and haptic-agent in the stages below;
+#   dist-local   takes them from the build context's dist/ directory, as prepared by
+#                scripts/build-images.sh, which builds them on the machine itself (offline, with
+#                buildah): `--build-arg DIST=dist-local`. Unused stages are skipped.
 
 ARG RUST_IMAGE=docker.io/library/rust:1.95-bookworm
 ARG ALPINE_IMAGE=docker.io/library/alpine:3.22
+ARG DIST=dist-source
 
 # --- static HAProxy, built against musl, OpenSSL, PCRE2 and zlib from Alpine's static libraries
 FROM ${ALPINE_IMAGE} AS haproxy-build
@@ -30,7 +38,7 @@ RUN make -j"$(nproc)" TARGET=linux-musl \
         LDFLAGS="-static -s" \
     && ./haproxy -vv \
     && file haproxy | grep -q "statically linked" \
-    && mkdir -p /out/tmp \
+    && mkdir -p /out/skel/tmp && chmod 1777 /out/skel/tmp \
     && install -m 0755 haproxy /out/haproxy
 
 # --- static haptic and haptic-agent (x86_64-unknown-linux-musl), with the repository's script
@@ -45,6 +53,19 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     scripts/build-static.sh /out \
     && file /out/haptic /out/haptic-agent | grep -c "static" | grep -qx 2
 
+# --- the files of the final stages: /haptic, /haptic-agent, /haproxy, and /skel/ with the
+# directories every image has (tmp, mode 1777: COPY keeps the mode of directories it copies, not
+# of the directory it creates as destination)
+FROM scratch AS dist-source
+COPY --from=rust-build /out/haptic /out/haptic-agent /
+COPY --from=haproxy-build /out/haproxy /haproxy
+COPY --from=haproxy-build /out/skel/ /skel/
+
+FROM scratch AS dist-local
+COPY dist/ /
+
+FROM ${DIST} AS dist
+
 # --- controller
 FROM scratch AS controller
 ARG VERSION=0.1.0
@@ -53,10 +74,10 @@ LABEL org.opencontainers.image.title="haptic-controller" \
       org.opencontainers.image.source="https://github.com/haproxy-haptic/haptic" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=rust-build /out/haptic /usr/local/bin/haptic
-COPY --from=haproxy-build /out/haproxy /usr/local/sbin/haproxy
+COPY --from=dist /haptic /usr/local/bin/haptic
+COPY --from=dist /haproxy /usr/local/sbin/haproxy
 # haproxy -c works in a temporary directory; Kubernetes mounts an emptyDir here.
-COPY --from=haproxy-build --chmod=1777 /out/tmp /tmp
+COPY --from=dist /skel/ /
 USER 65532:65532
 ENV HAPROXY_BIN=/usr/local/sbin/haproxy
 EXPOSE 8080 9090 9443
@@ -71,9 +92,9 @@ LABEL org.opencontainers.image.title="haptic-agent" \
       org.opencontainers.image.source="https://github.com/haproxy-haptic/haptic" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
-COPY --from=rust-build /out/haptic-agent /usr/local/bin/haptic-agent
-COPY --from=haproxy-build /out/haproxy /usr/local/sbin/haproxy
-COPY --from=haproxy-build --chmod=1777 /out/tmp /tmp
+COPY --from=dist /haptic-agent /usr/local/bin/haptic-agent
+COPY --from=dist /haproxy /usr/local/sbin/haproxy
+COPY --from=dist /skel/ /
 USER 65532:65532
 EXPOSE 5555 5556
 ENTRYPOINT ["/usr/local/bin/haptic-agent"]
@@ -86,7 +107,7 @@ LABEL org.opencontainers.image.title="haptic-haproxy" \
       org.opencontainers.image.source="https://github.com/haproxy-haptic/haptic" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="GPL-2.0-or-later"
-COPY --from=haproxy-build /out/haproxy /usr/local/sbin/haproxy
-COPY --from=haproxy-build --chmod=1777 /out/tmp /tmp
+COPY --from=dist /haproxy /usr/local/sbin/haproxy
+COPY --from=dist /skel/ /
 USER 65532:65532
 ENTRYPOINT ["/usr/local/sbin/haproxy"]

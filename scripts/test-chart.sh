@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Packaging tests: the Helm chart (rendered and linted with the real Helm v4 SDK, validated with
 # kubernetes-validate --strict for Kubernetes 1.29 and 1.33, applied with kubectl to the dev API
-# server), the CRDs, the Dockerfile, docs/install.md's values reference, and the static musl
-# binaries (statically linked, run in an empty chroot, sizes).
+# server), the CRDs, the Dockerfile, docs/install.md's values reference, the static musl
+# binaries (statically linked, run in an empty chroot, sizes), and the images
+# scripts/build-images.sh builds with buildah (unpacked and run as their user, as root only).
 #
 # Python packages live in .venv/ (created on first run). Honours CARGO_TARGET_DIR.
 set -euo pipefail
@@ -31,3 +32,14 @@ fi
 
 echo "==> chart, CRD, Dockerfile and static-binary tests"
 "$venv/bin/python" -m unittest -v tests/chart/test_static.py tests/chart/test_chart.py
+
+if [ "$(id -u)" = 0 ]; then
+  images=$(mktemp -d "${TMPDIR:-/tmp}/haptic-test-images.XXXXXX")
+  trap 'rm -rf "$images"' EXIT
+  echo "==> scripts/build-images.sh"
+  scripts/build-images.sh "$images"
+  echo "==> image tests"
+  HAPTIC_IMAGES_DIR="$images" "$venv/bin/python" -m unittest -v tests/chart/test_images.py
+else
+  echo "==> image tests skipped: scripts/build-images.sh needs root (buildah)"
+fi

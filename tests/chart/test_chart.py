@@ -858,7 +858,8 @@ class Dockerfile(unittest.TestCase):
             self.assertEqual(stage["from"], "scratch", f"{final} must start from scratch")
             instr = stage["instructions"]
             copies = [rest for word, rest in instr if word == "COPY"]
-            self.assertTrue(all("--from=" in c for c in copies), f"{final}: COPY only from build stages")
+            # Only from `dist`, which is either the source build or scripts/build-images.sh's files.
+            self.assertTrue(all(c.startswith("--from=dist ") for c in copies), f"{final}: COPY only from the dist stage")
             copied = " ".join(copies)
             for b in binaries:
                 self.assertRegex(copied, rf"/{re.escape(b)}\b", f"{final}: {b} not copied")
@@ -878,6 +879,9 @@ class Dockerfile(unittest.TestCase):
         m = re.search(r"ARG HAPROXY_VERSION=(\d+\.\d+)\.\d+", text)
         self.assertIsNotNone(m)
         self.assertEqual(m.group(1), chart_tag, "the static haproxy and the chart's HAProxy image differ in major.minor")
+        self.assertEqual(by_name["dist"]["from"], "${DIST}")
+        self.assertRegex(text, r"(?m)^ARG DIST=dist-source$", "the release path builds from source by default")
+        self.assertIn("dist-local", names)
         rust = " ".join(rest for _, rest in by_name["rust-build"]["instructions"])
         self.assertIn("x86_64-unknown-linux-musl", rust)
         # Image paths the chart relies on.
