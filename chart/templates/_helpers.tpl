@@ -184,6 +184,7 @@ templatingSettings:
     http_port: {{ .Values.haproxy.ports.http }}
     https_port: {{ .Values.haproxy.ports.https }}
     status_port: {{ .Values.haproxy.ports.status }}
+    status_stats: {{ .Values.haproxy.stats }}
     default_ssl_cert_namespace: {{ include "haptic.defaultCertNamespace" . | quote }}
     default_ssl_cert_name: {{ .Values.defaultSSLCertificate.name | quote }}
     ingress_class: {{ .Values.ingressClass.name | quote }}

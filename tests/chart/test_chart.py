@@ -109,7 +109,11 @@ VARIANTS = {
             "grafanaDashboard": {"enabled": True},
         },
         "ingressClass": {"default": True},
-        "networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
+        "networkPolicy": {
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+            "statusFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}, {"ipBlock": {"cidr": "10.0.0.0/8"}}],
+        },
+        "haproxy": {"stats": False},
     },
     "high-ports-capability": {
         "haproxy": {"ports": {"http": 8080, "https": 8443}, "privilegedPorts": "capability"},
@@ -372,7 +376,7 @@ class Manifests(unittest.TestCase):
         pdb = one(docs, "PodDisruptionBudget", f"{FULLNAME}-controller")
         self.assertEqual(pdb["spec"]["minAvailable"], 1)
         svc = one(docs, "Service", f"{FULLNAME}-controller")
-        self.assertEqual({p["name"]: p["targetPort"] for p in svc["spec"]["ports"]}, {"webhook": "webhook", "metrics": "metrics"})
+        self.assertEqual({p["name"]: p["targetPort"] for p in svc["spec"]["ports"]}, {"webhook": "webhook", "metrics": "metrics", "health": "health"})
 
     def test_haproxy_pod(self):
         _, _, docs = render("defaults")
@@ -481,6 +485,12 @@ class Manifests(unittest.TestCase):
         metrics_rule = next(r for r in controller["ingress"] if r["ports"][0]["port"] == "metrics")
         self.assertEqual(metrics_rule["from"], VARIANTS["everything"]["networkPolicy"]["metricsFrom"])
         haproxy = one(docs, "NetworkPolicy", f"{FULLNAME}-haproxy")["spec"]
+        status_rule = next(r for r in haproxy["ingress"] if r["ports"][0]["port"] == "status")
+        self.assertEqual(status_rule["from"], VARIANTS["everything"]["networkPolicy"]["statusFrom"])
+        self.assertEqual([p["port"] for p in status_rule["ports"]], ["status"], "statusFrom limits the status port only")
+        _, _, default_docs = render("defaults")
+        default_haproxy = one(default_docs, "NetworkPolicy", f"{FULLNAME}-haproxy")["spec"]
+        self.assertNotIn("from", next(r for r in default_haproxy["ingress"] if r["ports"][0]["port"] == "status"))
         agent_rule = next(r for r in haproxy["ingress"] if r["ports"][0]["port"] == "agent")
         self.assertEqual(agent_rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"], "controller")
         # Every named port in a policy exists on the selected pods.
@@ -500,7 +510,13 @@ class Manifests(unittest.TestCase):
         sm = one(docs, "ServiceMonitor", f"{FULLNAME}-controller")
         self.assertEqual(sm["spec"]["endpoints"][0]["port"], "metrics")
         self.assertEqual(sm["metadata"]["labels"]["release"], "prom")
-        one(docs, "PodMonitor", f"{FULLNAME}-haproxy")
+        pm = one(docs, "PodMonitor", f"{FULLNAME}-haproxy")
+        self.assertEqual(pm["spec"]["podMetricsEndpoints"][0]["port"], "status")
+        self.assertEqual(pm["spec"]["podMetricsEndpoints"][0]["path"], "/metrics")
+        # The controller Service exposes health next to the webhook and metrics (the seed's table).
+        svc = one(docs, "Service", f"{FULLNAME}-controller")["spec"]
+        self.assertEqual({p["name"]: (p["port"], p["targetPort"]) for p in svc["ports"]},
+                         {"webhook": (443, "webhook"), "metrics": (9090, "metrics"), "health": (8080, "health")})
         rule = one(docs, "PrometheusRule", FULLNAME)
         exprs = " ".join(r["expr"] for g in rule["spec"]["groups"] for r in g["rules"])
         self.assertTrue(set(re.findall(r"haptic_[a-z_]+", exprs)))
@@ -735,6 +751,7 @@ class Config(unittest.TestCase):
                     "http_port": h["http"],
                     "https_port": h["https"],
                     "status_port": h["status"],
+                    "status_stats": v["haproxy"]["stats"],
                     "default_ssl_cert_namespace": v["defaultSSLCertificate"]["namespace"] or NAMESPACE,
                     "default_ssl_cert_name": v["defaultSSLCertificate"]["name"],
                     "ingress_class": v["ingressClass"]["name"],
@@ -803,6 +820,8 @@ class Config(unittest.TestCase):
         spec = self.check("high-ports-capability")
         ctx = spec["templatingSettings"]["extraContext"]
         self.assertEqual((ctx["http_port"], ctx["https_port"], ctx["status_port"]), (8080, 8443, 8404))
+        self.assertIs(ctx["status_stats"], True, "stats and the exporter are on by default")
+        self.assertIs(self.check("everything")["templatingSettings"]["extraContext"]["status_stats"], False)
         spec = self.check("user-overrides")
         self.assertEqual(spec["templatingSettings"]["extraContext"]["http_port"], 8081)
         self.assertEqual(spec["templatingSettings"]["extraContext"]["custom_key"], "custom")

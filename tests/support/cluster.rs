@@ -135,11 +135,31 @@ pub fn http_get(ip: &str, port: u16, host: &str, path: &str) -> Option<(u16, Str
     let mut raw = String::new();
     conn.read_to_string(&mut raw).ok()?;
     let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let chunked = head.lines().any(|l| {
+        let l = l.to_ascii_lowercase();
+        l.starts_with("transfer-encoding:") && l.contains("chunked")
+    });
+    let body = if chunked {
+        dechunk(body)?
+    } else {
+        body.to_string()
+    };
     Some((status, body))
+}
+
+/// The body of a `Transfer-Encoding: chunked` response (HAProxy's exporter and stats page).
+fn dechunk(mut rest: &str) -> Option<String> {
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(body);
+        }
+        body.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// One HAProxy pod: HAProxy in master-worker mode and its agent, on a loopback address.
