@@ -273,6 +273,95 @@ fn config_merge_prints_the_merged_config() {
 }
 
 #[test]
+fn config_merge_takes_spec_fragments_refuses_ambiguous_shapes_and_validates() {
+    let dir = TempDir::new("merge-fragments");
+    let write = |name: &str, body: &str| {
+        let p = dir.0.join(name);
+        std::fs::write(&p, body).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let merge = |files: &[&str], extra: &[&str]| {
+        let mut args = vec!["config", "merge"];
+        args.extend_from_slice(extra);
+        for f in files {
+            args.extend_from_slice(&["-f", f]);
+        }
+        haptic(&args)
+    };
+
+    // `spec: {…}` alone, the way overrides are written, merges into the spec (not spec.spec).
+    let fragment = write(
+        "fragment.yaml",
+        "spec:\n  templatingSettings:\n    extraContext: {http_port: 9999}\n",
+    );
+    let out = merge(&[EXAMPLE, &fragment], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let merged: serde_json::Value = serde_yaml::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        merged["spec"]["templatingSettings"]["extraContext"]["http_port"],
+        9999
+    );
+    assert!(merged["spec"].get("spec").is_none(), "{merged}");
+
+    // Ambiguous shapes are errors that say what to write instead.
+    for (name, body, expected) in [
+        (
+            "mixed.yaml",
+            "spec: {}\nmaps: {}\n",
+            "a top-level `spec` next to spec fields (maps)",
+        ),
+        (
+            "kindless.yaml",
+            "metadata: {name: x}\nspec: {}\n",
+            "`metadata` but no `apiVersion`/`kind`",
+        ),
+        ("scalar-spec.yaml", "spec: 3\n", "spec: expected a mapping"),
+    ] {
+        let file = write(name, body);
+        let out = merge(&[EXAMPLE, &file], &[]);
+        assert!(!out.status.success(), "{name}");
+        assert!(
+            text(&out.stderr).contains(expected),
+            "{name}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains(&file),
+            "{name}: the error names the file"
+        );
+        assert!(out.stdout.is_empty(), "{name}");
+    }
+
+    // The merged result is validated: a snippet of the wrong shape and a template that does not
+    // compile are refused; --no-validate prints the merge anyway.
+    for (name, body, expected) in [
+        (
+            "wrong-type.yaml",
+            "spec:\n  templateSnippets: {extra: \"text\"}\n",
+            "spec.templateSnippets.extra",
+        ),
+        (
+            "bad-template.yaml",
+            "spec:\n  templateSnippets: {extra: {template: \"{{ unclosed\"}}\n",
+            "template extra line 1: syntax error",
+        ),
+    ] {
+        let file = write(name, body);
+        let out = merge(&[EXAMPLE, &file], &[]);
+        assert!(!out.status.success(), "{name}");
+        assert!(
+            text(&out.stderr).contains(expected),
+            "{name}: {}",
+            text(&out.stderr)
+        );
+        assert!(out.stdout.is_empty(), "{name}");
+        let out = merge(&[EXAMPLE, &file], &["--no-validate"]);
+        assert!(out.status.success(), "{name}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("extra:"), "{name}");
+    }
+}
+
+#[test]
 fn help_and_version() {
     for cmd in [
         &["render", "--help"][..],

@@ -182,10 +182,7 @@ fn fragment_from_value(value: Value, source: &str) -> Result<ConfigDocument, Con
     };
     let is_manifest = map.contains_key("kind") || map.contains_key("apiVersion");
     if !is_manifest {
-        return Ok(ConfigDocument {
-            metadata: None,
-            spec: Value::Object(map),
-        });
+        return bare_fragment(map, source);
     }
     let kind = map.get("kind").and_then(Value::as_str).unwrap_or_default();
     let api_version = map
@@ -215,10 +212,62 @@ fn fragment_from_value(value: Value, source: &str) -> Result<ConfigDocument, Con
         .remove("metadata")
         .unwrap_or_else(|| serde_json::json!({}));
     let spec = map.remove("spec").unwrap_or_else(|| serde_json::json!({}));
+    if !spec.is_object() {
+        return Err(ConfigError::NotAConfig {
+            source: source.into(),
+            message: "spec: expected a mapping".into(),
+        });
+    }
     Ok(ConfigDocument {
         metadata: Some(metadata),
         spec,
     })
+}
+
+/// A document without `apiVersion`/`kind`: either a bare spec (its fields at the top level) or a
+/// spec fragment written the way overrides usually are, `spec: {…}` and nothing else. No spec
+/// field is named `spec` or `metadata`, so any other mix of those keys is ambiguous and refused.
+fn bare_fragment(
+    mut map: serde_json::Map<String, Value>,
+    source: &str,
+) -> Result<ConfigDocument, ConfigError> {
+    let refuse = |message: String| ConfigError::NotAConfig {
+        source: source.into(),
+        message,
+    };
+    if map.contains_key("metadata") {
+        return Err(refuse(
+            "a document with `metadata` but no `apiVersion`/`kind`: add them for a manifest, \
+             or write only `spec: {…}` or the spec's fields at the top level"
+                .into(),
+        ));
+    }
+    if !map.contains_key("spec") {
+        return Ok(ConfigDocument {
+            metadata: None,
+            spec: Value::Object(map),
+        });
+    }
+    if map.len() > 1 {
+        let mut others: Vec<&str> = map
+            .keys()
+            .map(String::as_str)
+            .filter(|k| *k != "spec")
+            .collect();
+        others.sort_unstable();
+        return Err(refuse(format!(
+            "a top-level `spec` next to spec fields ({}): write a spec fragment as `spec: {{…}}` \
+             alone, or the spec's fields at the top level",
+            others.join(", ")
+        )));
+    }
+    match map.remove("spec") {
+        Some(spec @ Value::Object(_)) => Ok(ConfigDocument {
+            metadata: None,
+            spec,
+        }),
+        _ => Err(refuse("spec: expected a mapping".into())),
+    }
 }
 
 /// Reads and merges config files in order.
