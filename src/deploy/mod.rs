@@ -3,9 +3,9 @@
 //! epoch), rate-limited reloads and a periodic drift check.
 
 pub mod agent_client;
+mod plan;
 pub mod pods;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,9 +14,9 @@ use haptic_agent::protocol::{api, AgentState, ApplyResponse, Bundle, BundleHash,
 use serde::Serialize;
 
 use crate::kube::lease::Leadership;
-use crate::kube::reflector::Backoff;
 use crate::metrics::{Registry, DURATION_BUCKETS};
 use agent_client::AgentClient;
+use plan::{AgentView, Note, Outcome, Planner, PushPlan};
 use pods::PodTarget;
 
 /// A validated bundle ready for the pods.
@@ -79,15 +79,6 @@ pub struct PodStatus {
     pub last_deployed_at: Option<String>,
 }
 
-struct PodState {
-    status: PodStatus,
-    /// What the agent reported or accepted; `None` = unknown (push with `*`) or bootstrap.
-    applied: Option<String>,
-    known: bool,
-    backoff: Backoff,
-    next_attempt: Instant,
-}
-
 pub struct DeployerConfig {
     pub min_deployment_interval: Duration,
     pub drift_prevention_interval: Duration,
@@ -107,26 +98,6 @@ pub struct Deployer {
 
 fn now_rfc3339() -> String {
     haptic_agent::time::now_rfc3339()
-}
-
-/// What `GET /v1/state` told about a pod.
-struct AgentView {
-    /// The applied bundle; `None` in bootstrap mode.
-    bundle: Option<String>,
-    version: String,
-}
-
-enum Outcome {
-    Applied {
-        result: String,
-    },
-    /// The agent runs something else than we thought: learn it and retry at once.
-    Stale {
-        current: Option<String>,
-    },
-    Failed(String),
-    /// A newer leader exists: stop pushing.
-    Fenced(String),
 }
 
 impl Deployer {
@@ -211,97 +182,37 @@ impl Deployer {
         Ok(AgentView { bundle, version })
     }
 
-    /// Handles one message; false on shutdown.
-    fn handle(
-        &self,
-        msg: DeployMsg,
-        pods: &mut BTreeMap<String, PodState>,
-        current: &mut Option<Arc<Published>>,
-    ) -> bool {
-        match msg {
-            DeployMsg::Bundle(b) => *current = Some(b),
-            DeployMsg::Pods(targets) => {
-                let names: Vec<String> = targets
-                    .iter()
-                    .map(|t| format!("{}/{}", t.namespace, t.name))
-                    .collect();
-                pods.retain(|k, _| names.contains(k));
-                for t in targets {
-                    let key = format!("{}/{}", t.namespace, t.name);
-                    let fresh = |t: &PodTarget| PodState {
-                        status: PodStatus {
-                            namespace: t.namespace.clone(),
-                            name: t.name.clone(),
-                            ip: t.ip.clone(),
-                            ..Default::default()
-                        },
-                        applied: None,
-                        known: false,
-                        backoff: Backoff::default(),
-                        next_attempt: Instant::now(),
-                    };
-                    let entry = pods.entry(key).or_insert_with(|| fresh(&t));
-                    if entry.status.ip != t.ip {
-                        // A new pod under an old name: start over.
-                        *entry = fresh(&t);
-                    }
-                }
-            }
-            DeployMsg::Leadership => {
-                // A new term: learn what every pod runs before pushing.
-                for pod in pods.values_mut() {
-                    pod.known = false;
-                    pod.next_attempt = Instant::now();
-                }
-            }
-            DeployMsg::Shutdown => return false,
-        }
-        true
-    }
-
     pub fn run(self) {
-        let mut pods: BTreeMap<String, PodState> = BTreeMap::new();
-        let mut current: Option<Arc<Published>> = None;
-        let mut last_reload_push: Option<Instant> = None;
-        let mut next_drift = Instant::now();
+        let mut plan = Planner::new(Instant::now());
         let mut wait = Duration::from_millis(100);
         loop {
-            match self.inbox.recv_timeout(wait) {
-                Ok(msg) => {
-                    if !self.handle(msg, &mut pods, &mut current) {
-                        return;
-                    }
-                }
+            let first = match self.inbox.recv_timeout(wait) {
+                Ok(msg) => Some(msg),
                 Err(RecvTimeoutError::Disconnected) => return,
-                Err(RecvTimeoutError::Timeout) => {}
-            }
+                Err(RecvTimeoutError::Timeout) => None,
+            };
             // Take everything queued first: only the latest bundle matters.
-            while let Ok(msg) = self.inbox.try_recv() {
-                if !self.handle(msg, &mut pods, &mut current) {
-                    return;
+            for msg in first
+                .into_iter()
+                .chain(std::iter::from_fn(|| self.inbox.try_recv().ok()))
+            {
+                let now = Instant::now();
+                match msg {
+                    DeployMsg::Bundle(b) => plan.set_bundle(b),
+                    DeployMsg::Pods(targets) => plan.set_pods(targets, now),
+                    DeployMsg::Leadership => plan.new_term(now),
+                    DeployMsg::Shutdown => return,
                 }
             }
-            wait = self.turn(
-                &mut pods,
-                current.as_ref(),
-                &mut last_reload_push,
-                &mut next_drift,
-            );
-            self.publish_status(&pods);
+            wait = self.turn(&mut plan);
+            *crate::lock(&self.status) = plan.statuses();
         }
     }
 
-    /// One round: admit, drift-check and push where needed. Returns how long to sleep.
-    fn turn(
-        &self,
-        pods: &mut BTreeMap<String, PodState>,
-        current: Option<&Arc<Published>>,
-        last_reload_push: &mut Option<Instant>,
-        next_drift: &mut Instant,
-    ) -> Duration {
-        let idle = Duration::from_millis(500);
-        // Every replica learns the pods' state (a standby is warm: it knows which pods are
-        // admitted and what they run when it takes over); only the leader pushes.
+    /// One round: probe the pods the planner names, then push where it says. Every replica
+    /// probes (a standby is warm: it knows which pods are admitted and what they run when it
+    /// takes over); only the leader pushes. Returns how long to sleep.
+    fn turn(&self, plan: &mut Planner) -> Duration {
         let epoch = self.leadership.epoch();
         let config = crate::lock(&self.config);
         let (min_interval, drift_interval, required) = (
@@ -310,172 +221,55 @@ impl Deployer {
             config.haproxy_version.clone(),
         );
         drop(config);
-        let now = Instant::now();
-        let drift_due = now >= *next_drift;
-        if drift_due {
-            *next_drift = now + drift_interval;
-        }
 
-        // Learn the state of pods we do not know yet (and of all pods when drift is due).
-        let to_check: Vec<String> = pods
-            .iter()
-            .filter(|(_, p)| (!p.known || drift_due) && p.next_attempt <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let checks: Vec<(String, Result<AgentView, NotAdmitted>)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = to_check
-                .iter()
-                .map(|key| {
-                    let target = target_of(&pods[key]);
-                    let required = required.as_deref();
-                    (
-                        key.clone(),
-                        scope.spawn(move || self.admit(&target, required)),
-                    )
+        let (probes, drift_round) = plan.probes(Instant::now(), drift_interval);
+        let answers = parallel(
+            probes,
+            |target| self.admit(target, required.as_deref()),
+            || {
+                Err(NotAdmitted::AgentUnavailable {
+                    detail: "state check panicked".into(),
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(k, h)| {
-                    (
-                        k,
-                        h.join().unwrap_or_else(|_| {
-                            Err(NotAdmitted::AgentUnavailable {
-                                detail: "state check panicked".into(),
-                            })
-                        }),
-                    )
-                })
-                .collect()
-        });
-        for (key, result) in checks {
-            let pod = pods.get_mut(&key).expect("checked pods exist");
-            match result {
-                Ok(AgentView {
-                    bundle: applied,
-                    version,
-                }) => {
-                    if epoch.is_some() && pod.known && drift_due && applied != pod.applied {
-                        log::warn!(
-                            "pod={key} drift: runs {applied:?}, expected {:?}; re-pushing",
-                            pod.applied
-                        );
-                        self.metrics.inc(&crate::metrics::DRIFT_DETECTED_TOTAL, &[]);
-                    }
-                    if !pod.status.admitted {
-                        log::info!("pod={key} admitted haproxy={version} bundle={applied:?}");
-                    }
-                    pod.applied = applied;
-                    pod.known = true;
-                    pod.status.admitted = true;
-                    pod.status.not_admitted = None;
-                    pod.status.haproxy_version = Some(version);
-                }
-                Err(why) => {
-                    let e = why.to_string();
-                    if pod.status.last_error.as_deref() != Some(e.as_str()) {
-                        log::warn!("pod={key} not admitted: {e}");
-                    }
-                    pod.status.admitted = false;
-                    pod.status.not_admitted = Some(why);
-                    pod.status.last_error = Some(e);
-                    pod.next_attempt = Instant::now() + pod.backoff.delay();
-                }
-            }
+            },
+        );
+        for (key, answer) in answers {
+            let note = plan.probed(&key, answer, epoch.is_some(), drift_round, Instant::now());
+            self.report(&key, note);
         }
-        let admitted = pods.values().filter(|p| p.status.admitted).count();
         self.metrics
-            .set(&crate::metrics::ADMITTED_PODS, &[], admitted as f64);
+            .set(&crate::metrics::ADMITTED_PODS, &[], plan.admitted() as f64);
 
-        let (Some(published), Some(epoch)) = (current, epoch) else {
-            return idle;
+        let (published, epoch, due) = match plan.pushes(epoch, min_interval, Instant::now()) {
+            PushPlan::Nothing => return plan.next_wake(plan::IDLE, Instant::now()),
+            PushPlan::RateLimited { until } => {
+                return until
+                    .saturating_duration_since(Instant::now())
+                    .max(plan::MIN_WAKE)
+            }
+            PushPlan::Push {
+                published,
+                epoch,
+                pods,
+            } => (published, epoch, pods),
         };
         let hash = published.hash.as_str();
-        let due: Vec<String> = pods
-            .iter()
-            .filter(|(_, p)| {
-                p.status.admitted
-                    && p.known
-                    && p.applied.as_deref() != Some(hash)
-                    && p.next_attempt <= Instant::now()
-            })
-            .map(|(k, _)| k.clone())
-            .collect();
-        if due.is_empty() {
-            return next_wake(pods, idle);
-        }
-        if published.reload {
-            if let Some(last) = *last_reload_push {
-                let ready_at = last + min_interval;
-                if Instant::now() < ready_at {
-                    return ready_at - Instant::now();
-                }
-            }
-            *last_reload_push = Some(Instant::now());
-        }
         let started = Instant::now();
-        let outcomes: Vec<(String, Outcome)> = std::thread::scope(|scope| {
-            let handles: Vec<_> = due
-                .iter()
-                .map(|key| {
-                    let pod = &pods[key];
-                    let target = target_of(pod);
-                    let applied = pod.applied.clone();
-                    (
-                        key.clone(),
-                        scope.spawn(move || {
-                            self.push(&target, applied.as_deref(), published, epoch)
-                        }),
-                    )
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(k, h)| {
-                    (
-                        k,
-                        h.join()
-                            .unwrap_or_else(|_| Outcome::Failed("push panicked".into())),
-                    )
-                })
-                .collect()
-        });
+        let pushes: Vec<(String, (PodTarget, Option<String>))> = due
+            .into_iter()
+            .map(|(key, target, applied)| (key, (target, applied)))
+            .collect();
+        let outcomes = parallel(
+            pushes,
+            |(target, applied)| self.push(target, applied.as_deref(), &published, epoch),
+            || Outcome::Failed("push panicked".into()),
+        );
         let mut ok = 0;
         for (key, outcome) in outcomes {
-            let pod = pods.get_mut(&key).expect("pushed pods exist");
-            match outcome {
-                Outcome::Applied { result } => {
-                    ok += 1;
-                    pod.applied = Some(hash.to_string());
-                    pod.status.applied_bundle = Some(hash.to_string());
-                    pod.status.last_result = Some(result.clone());
-                    pod.status.last_error = None;
-                    pod.status.consecutive_failures = 0;
-                    pod.status.last_deployed_at = Some(now_rfc3339());
-                    pod.backoff.reset();
-                    self.metrics
-                        .inc(&crate::metrics::DEPLOYMENT_TOTAL, &[("result", &result)]);
-                }
-                Outcome::Stale { current } => {
-                    log::info!("pod={key} runs {current:?}, not the bundle we assumed; retrying with it as base");
-                    pod.applied = current;
-                }
-                Outcome::Fenced(detail) => {
-                    log::warn!("pod={key} refused our epoch {epoch} ({detail}); a newer leader is deploying");
-                    pod.next_attempt = Instant::now() + pod.backoff.delay();
-                }
-                Outcome::Failed(e) => {
-                    log::warn!("pod={key} deploy failed: {e}");
-                    pod.status.last_error = Some(e);
-                    pod.status.consecutive_failures += 1;
-                    pod.next_attempt = Instant::now() + pod.backoff.delay();
-                    pod.known = false;
-                    self.metrics
-                        .inc(&crate::metrics::DEPLOYMENT_ERRORS_TOTAL, &[]);
-                    self.metrics
-                        .inc(&crate::metrics::DEPLOYMENT_TOTAL, &[("result", "error")]);
-                }
+            let note = plan.pushed(&key, hash, outcome, Instant::now(), &now_rfc3339());
+            if matches!(note, Note::Applied { .. }) {
+                ok += 1;
             }
+            self.report(&key, note);
         }
         let elapsed = started.elapsed();
         self.metrics.observe(
@@ -484,10 +278,7 @@ impl Deployer {
             &[],
             elapsed.as_secs_f64(),
         );
-        let everywhere = pods
-            .values()
-            .filter(|p| p.status.admitted)
-            .all(|p| p.applied.as_deref() == Some(hash));
+        let everywhere = plan.everywhere(hash);
         if everywhere && ok > 0 {
             let latency = published.first_change.elapsed();
             self.metrics.observe(
@@ -499,42 +290,69 @@ impl Deployer {
             log::info!(
                 "bundle={} applied to {ok}/{} pods in {} ms (change to deployed {} ms)",
                 &hash[..12],
-                pods.len(),
+                plan.pods.len(),
                 elapsed.as_millis(),
                 latency.as_millis()
             );
         }
-        next_wake(
-            pods,
-            Duration::ZERO.max(Duration::from_millis(if everywhere { 500 } else { 20 })),
-        )
+        // Not everywhere yet (a stale base, a pod that appeared): come back soon.
+        let max = if everywhere {
+            plan::IDLE
+        } else {
+            plan::MIN_WAKE
+        };
+        plan.next_wake(max, Instant::now())
     }
 
-    fn publish_status(&self, pods: &BTreeMap<String, PodState>) {
-        let list = pods.values().map(|p| {
-            let mut s = p.status.clone();
-            s.applied_bundle = p.applied.clone();
-            s
-        });
-        *crate::lock(&self.status) = list.collect();
+    /// Logs and counts what the planner noted.
+    fn report(&self, key: &str, note: Note) {
+        match note {
+            Note::Quiet => {}
+            Note::Admitted { version, bundle } => {
+                log::info!("pod={key} admitted haproxy={version} bundle={bundle:?}")
+            }
+            Note::Drift { expected, runs } => {
+                log::warn!("pod={key} drift: runs {runs:?}, expected {expected:?}; re-pushing");
+                self.metrics.inc(&crate::metrics::DRIFT_DETECTED_TOTAL, &[]);
+            }
+            Note::Refused(why) => log::warn!("pod={key} not admitted: {why}"),
+            Note::Applied { result } => {
+                self.metrics
+                    .inc(&crate::metrics::DEPLOYMENT_TOTAL, &[("result", &result)]);
+            }
+            Note::Stale { current } => {
+                log::info!("pod={key} runs {current:?}, not the bundle we assumed; retrying with it as base")
+            }
+            Note::Fenced(detail) => {
+                log::warn!("pod={key} refused our epoch ({detail}); a newer leader is deploying")
+            }
+            Note::Failed(error) => {
+                log::warn!("pod={key} deploy failed: {error}");
+                self.metrics
+                    .inc(&crate::metrics::DEPLOYMENT_ERRORS_TOTAL, &[]);
+                self.metrics
+                    .inc(&crate::metrics::DEPLOYMENT_TOTAL, &[("result", "error")]);
+            }
+        }
     }
 }
 
-fn target_of(pod: &PodState) -> PodTarget {
-    PodTarget {
-        namespace: pod.status.namespace.clone(),
-        name: pod.status.name.clone(),
-        ip: pod.status.ip.clone(),
-    }
-}
-
-/// Sleep until the earliest retry, but never longer than `max`.
-fn next_wake(pods: &BTreeMap<String, PodState>, max: Duration) -> Duration {
-    let now = Instant::now();
-    pods.values()
-        .map(|p| p.next_attempt.saturating_duration_since(now))
-        .filter(|d| !d.is_zero())
-        .min()
-        .unwrap_or(max)
-        .min(max.max(Duration::from_millis(20)))
+/// Runs `call` for every item on its own scoped thread and returns the answers by key; a call
+/// that panics answers `on_panic()`.
+fn parallel<I: Sync, R: Send>(
+    items: Vec<(String, I)>,
+    call: impl Fn(&I) -> R + Sync,
+    on_panic: impl Fn() -> R,
+) -> Vec<(String, R)> {
+    let call = &call;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = items
+            .iter()
+            .map(|(key, item)| (key.clone(), scope.spawn(move || call(item))))
+            .collect();
+        handles
+            .into_iter()
+            .map(|(key, h)| (key, h.join().unwrap_or_else(|_| on_panic())))
+            .collect()
+    })
 }
