@@ -244,6 +244,23 @@ fn process_metrics() -> String {
     out
 }
 
+/// The reconciliation stage that failed (`haptic_reconciliation_errors_total{stage}` and the
+/// config's status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Render,
+    Validate,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Render => "render",
+            Stage::Validate => "validate",
+        }
+    }
+}
+
 /// A metric: name and help text, declared once in the catalogue below.
 #[derive(Debug)]
 pub struct Metric {

@@ -7,6 +7,7 @@
 //! ```
 //! Every replica watches, renders and validates; only the leader deploys and writes status.
 
+mod config_watch;
 pub mod reconcile;
 pub mod state;
 pub mod status;
@@ -20,16 +21,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use serde_json::Value;
 
-use crate::config::ConfigDocument;
 use crate::deploy::agent_client::{AgentClient, AgentTls, Transport};
 use crate::deploy::{DeployMsg, Deployer, DeployerConfig};
-use crate::kube::client::{Client, ListParams};
+use crate::kube::client::Client;
 use crate::kube::config::KubeConfig;
 use crate::kube::lease::{Elector, LeaderEvent, Leadership, LeaseConfig};
-use crate::kube::reflector::{snapshot, Reflector, ReflectorEvent, SharedStore};
+use crate::kube::reflector::ReflectorEvent;
 use crate::metrics::Registry;
-use crate::render::Engine;
-use crate::store::{ObjectFilter, Store};
+use config_watch::{ConfigWatcher, ConfigWatcherDeps};
 use reconcile::{ControlMsg, Reconciler};
 use state::{lock, ActiveConfig, Shared};
 use status::{StatusMsg, StatusWriter};
@@ -71,30 +70,7 @@ fn install_signal_handlers() {
     }
 }
 
-/// Validates a config object completely: typed spec, structure, templates compile, and a
-/// smoke render against empty stores (minijinja checks names only at render time).
-pub fn validate_config_object(object: &Value, source: &str) -> Result<ActiveConfig, String> {
-    let doc = ConfigDocument {
-        metadata: object.get("metadata").cloned(),
-        spec: object.get("spec").cloned().unwrap_or(Value::Null),
-    };
-    let spec = doc.valid_spec(source).map_err(|e| e.to_string())?;
-    let engine = Engine::new(&spec).map_err(|e| e.to_string())?;
-    Ok(ActiveConfig {
-        spec,
-        engine,
-        generation: object
-            .pointer("/metadata/generation")
-            .and_then(Value::as_i64)
-            .unwrap_or(0),
-        resource_version: object
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
-        raw: object.clone(),
-    })
-}
+pub use config_watch::validate_config_object;
 
 /// The threads that start once the first valid config is known (the lease name, ports and
 /// intervals come from it).
@@ -103,6 +79,24 @@ struct Runtime {
     deployer: std::thread::JoinHandle<()>,
     reconciler: std::thread::JoinHandle<()>,
     status: std::thread::JoinHandle<()>,
+}
+
+impl Runtime {
+    /// Stops the threads in order: the deployer first (no push after this), then the elector
+    /// (which releases the lease for a fast handover), then the reconciler and status writer.
+    /// Each gets until `deadline`.
+    fn shutdown(self, ch: &Channels, elector_stop: &AtomicBool, deadline: Instant) {
+        let _ = ch.deploy_tx.send(DeployMsg::Shutdown);
+        join_until(self.deployer, deadline);
+        elector_stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.elector {
+            join_until(h, deadline);
+        }
+        let _ = ch.control_tx.send(ControlMsg::Shutdown);
+        let _ = ch.status_tx.send(StatusMsg::Shutdown);
+        join_until(self.reconciler, deadline);
+        join_until(self.status, deadline);
+    }
 }
 
 struct Channels {
@@ -126,19 +120,33 @@ fn spawn(
         .map_err(|e| format!("start thread {name}: {e}"))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn start_runtime(
-    opts: &Options,
-    namespace: &str,
-    config: &ActiveConfig,
-    client: &Client,
-    shared: &Arc<Shared>,
-    watchers: &Arc<Mutex<Watchers>>,
-    deployer_config: &Arc<Mutex<DeployerConfig>>,
-    ch: &Channels,
-    elector_stop: &Arc<AtomicBool>,
-    stop: &Arc<AtomicBool>,
-) -> Result<Runtime, String> {
+/// What the runtime's threads are built from, besides the config.
+struct Wiring<'a> {
+    opts: &'a Options,
+    namespace: &'a str,
+    client: &'a Client,
+    shared: &'a Arc<Shared>,
+    watchers: &'a Arc<Mutex<Watchers>>,
+    deployer_config: &'a Arc<Mutex<DeployerConfig>>,
+    ch: &'a Channels,
+    elector_stop: &'a Arc<AtomicBool>,
+    stop: &'a Arc<AtomicBool>,
+}
+
+/// Starts the elector (or leads alone), the deployer, the reconciler, the status writer and
+/// the webhook with the settings of the first valid config.
+fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
+    let Wiring {
+        opts,
+        namespace,
+        client,
+        shared,
+        watchers,
+        deployer_config,
+        ch,
+        elector_stop,
+        stop,
+    } = *w;
     let spec = &config.spec;
     let (leadership, elector) = if spec.leader_election_enabled() {
         let elector = Elector::new(
@@ -250,28 +258,7 @@ pub fn run(opts: Options) -> Result<(), String> {
         opts.config_name
     );
 
-    let metrics = Registry::default();
-    metrics.set(
-        &crate::metrics::BUILD_INFO,
-        &[
-            ("version", env!("CARGO_PKG_VERSION")),
-            ("commit", env!("HAPTIC_GIT_COMMIT")),
-        ],
-        1.0,
-    );
-    for metric in [
-        &crate::metrics::RECONCILIATION_TOTAL,
-        &crate::metrics::RECONCILIATION_ERRORS_TOTAL,
-        &crate::metrics::LEADER_ELECTION_TRANSITIONS_TOTAL,
-        &crate::metrics::WEBHOOK_REQUESTS_TOTAL,
-        &crate::metrics::DEPLOYMENT_TOTAL,
-        &crate::metrics::DEPLOYMENT_ERRORS_TOTAL,
-        &crate::metrics::CONFIG_ERRORS_TOTAL,
-    ] {
-        metrics.describe_counter(metric);
-    }
-    metrics.set(&crate::metrics::LEADER_ELECTION_IS_LEADER, &[], 0.0);
-    metrics.set(&crate::metrics::ADMITTED_PODS, &[], 0.0);
+    let metrics = controller_metrics();
     let shared = Arc::new(Shared::new(
         metrics.clone(),
         Arc::new(Leadership::default()),
@@ -279,18 +266,6 @@ pub fn run(opts: Options) -> Result<(), String> {
     let stop = Arc::new(AtomicBool::new(false));
     crate::serve::start_health(&opts.health_addr, shared.clone(), stop.clone())?;
     crate::serve::start_metrics(&opts.metrics_addr, metrics.clone(), stop.clone())?;
-
-    let reflector_stop = Arc::new(AtomicBool::new(false));
-    let (config_events_tx, config_events_rx) = unbounded::<ReflectorEvent>();
-    let config_store = start_config_reflector(
-        &client,
-        &namespace,
-        &opts.config_name,
-        config_events_tx,
-        reflector_stop.clone(),
-    );
-    let source = format!("HAProxyTemplateConfig {namespace}/{}", opts.config_name);
-    shared.set_phase(format!("waiting for {source}"));
 
     let (store_tx, store_rx) = unbounded();
     let (leader_tx, leader_rx) = unbounded();
@@ -313,22 +288,41 @@ pub fn run(opts: Options) -> Result<(), String> {
         drift_prevention_interval: Duration::from_secs(60),
         haproxy_version: Some(haproxy_version),
     }));
+    let reflector_stop = Arc::new(AtomicBool::new(false));
+    let (config_events_tx, config_events_rx) = unbounded::<ReflectorEvent>();
+    let mut config_watcher = ConfigWatcher::start(
+        &client,
+        &namespace,
+        &opts.config_name,
+        config_events_tx,
+        reflector_stop.clone(),
+        ConfigWatcherDeps {
+            shared: shared.clone(),
+            watchers: watchers.clone(),
+            deployer_config: deployer_config.clone(),
+            status: ch.status_tx.clone(),
+        },
+    );
     let elector_stop = Arc::new(AtomicBool::new(false));
+    let wiring = Wiring {
+        opts: &opts,
+        namespace: &namespace,
+        client: &client,
+        shared: &shared,
+        watchers: &watchers,
+        deployer_config: &deployer_config,
+        ch: &ch,
+        elector_stop: &elector_stop,
+        stop: &stop,
+    };
     let mut runtime: Option<Runtime> = None;
-    let mut active: Option<Arc<ActiveConfig>> = None;
-    let mut startup: Option<Vec<(&'static str, String)>> = None;
-    let mut seen_version = String::new();
     let mut last_discovery = Instant::now();
 
     while !SHUTDOWN.load(Ordering::SeqCst) {
         crossbeam_channel::select! {
             recv(config_events_rx) -> _ => {}
             recv(leader_rx) -> ev => if let Ok(ev) = ev {
-                let leading = matches!(ev, LeaderEvent::Started { .. });
-                metrics.set(&crate::metrics::LEADER_ELECTION_IS_LEADER, &[], if leading { 1.0 } else { 0.0 });
-                metrics.inc(&crate::metrics::LEADER_ELECTION_TRANSITIONS_TOTAL, &[]);
-                shared.record(if leading { "leader gained" } else { "leader lost" });
-                let _ = ch.deploy_tx.send(DeployMsg::Leadership);
+                leadership_changed(&ev, &shared, &ch);
             },
             default(Duration::from_millis(100)) => {}
         }
@@ -340,139 +334,73 @@ pub fn run(opts: Options) -> Result<(), String> {
                 shared.record(format!("resource {name} discovered and watched"));
             }
         }
-        let Some(object) = snapshot(&config_store).list().next().cloned() else {
+        let Some(config) = config_watcher.poll() else {
             continue;
         };
-        let version = object
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        if version == seen_version {
-            continue;
-        }
-        seen_version = version;
-        // Our own status writes change the object but not its spec.
-        if active
-            .as_ref()
-            .is_some_and(|a| a.raw.get("spec") == object.get("spec"))
-        {
-            continue;
-        }
-        let generation = object
-            .pointer("/metadata/generation")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
-        let candidate = validate_config_object(&object, &source).map(|c| {
-            let defs = watchers::definitions(&c.spec, &namespace);
-            let changed = lock(&watchers).apply(&defs);
-            (c, changed)
-        });
-        let (config, changed) = match candidate {
-            Ok(x) => x,
-            Err(e) => {
-                log::error!(
-                    "{source} generation {generation} is invalid; keeping the running config: {e}"
-                );
-                shared.record(format!("config generation {generation} invalid: {e}"));
-                metrics.inc(&crate::metrics::CONFIG_ERRORS_TOTAL, &[]);
-                let _ = ch.status_tx.send(StatusMsg::ConfigValidation {
-                    generation,
-                    error: Some(e),
-                });
-                if active.is_none() {
-                    shared.set_phase(format!("{source} is invalid: see its status"));
-                }
-                continue;
-            }
-        };
-        let config = Arc::new(config);
-        if let Some(level) = config
-            .spec
-            .log_level()
-            .and_then(|l| crate::logger::parse_level(&l))
-        {
-            crate::logger::set_level(level);
-        }
-        let restarted = if changed.is_empty() {
-            "none".to_string()
-        } else {
-            changed.join(", ")
-        };
-        log::info!(
-            "config generation={} applied; watchers (re)started: {restarted}",
-            config.generation
-        );
-        shared.record(format!("config generation {} applied", config.generation));
-        {
-            let mut d = lock(&deployer_config);
-            d.min_deployment_interval = config.spec.min_deployment_interval();
-            d.drift_prevention_interval = config.spec.drift_prevention_interval();
-        }
-        *lock(&shared.config) = Some(config.clone());
-        let _ = ch.status_tx.send(StatusMsg::ConfigValidation {
-            generation: config.generation,
-            error: None,
-        });
-        // Settings read once when the runtime starts: a change is reported, not ignored.
-        match &startup {
-            None => startup = Some(startup_settings(&config.spec)),
-            Some(first) => {
-                let needs_restart: Vec<String> = startup_settings(&config.spec)
-                    .into_iter()
-                    .zip(first)
-                    .filter(|(now, then)| now != *then)
-                    .map(|((field, value), _)| format!("{field} ({value})"))
-                    .collect();
-                if !needs_restart.is_empty() {
-                    log::warn!(
-                        "config generation={} changes settings that take effect after a restart of the controller: {}",
-                        config.generation,
-                        needs_restart.join(", ")
-                    );
-                }
-                let _ = ch.status_tx.send(StatusMsg::RestartRequired(needs_restart));
-            }
-        }
         if runtime.is_none() {
-            runtime = Some(start_runtime(
-                &opts,
-                &namespace,
-                &config,
-                &client,
-                &shared,
-                &watchers,
-                &deployer_config,
-                &ch,
-                &elector_stop,
-                &stop,
-            )?);
+            runtime = Some(start_runtime(&wiring, &config)?);
         }
-        let _ = ch.control_tx.send(ControlMsg::Config(config.clone()));
-        active = Some(config);
+        let _ = ch.control_tx.send(ControlMsg::Config(config));
     }
 
     // Graceful shutdown: stop deploying first, then hand the lease over, within 25 s.
     let deadline = Instant::now() + Duration::from_secs(25);
     log::info!("shutting down");
     shared.set_phase("shutting down");
-    let _ = ch.deploy_tx.send(DeployMsg::Shutdown);
     if let Some(rt) = runtime {
-        join_until(rt.deployer, deadline);
-        elector_stop.store(true, Ordering::SeqCst);
-        if let Some(h) = rt.elector {
-            join_until(h, deadline);
-        }
-        let _ = ch.control_tx.send(ControlMsg::Shutdown);
-        let _ = ch.status_tx.send(StatusMsg::Shutdown);
-        join_until(rt.reconciler, deadline);
-        join_until(rt.status, deadline);
+        rt.shutdown(&ch, &elector_stop, deadline);
     }
     reflector_stop.store(true, Ordering::SeqCst);
     lock(&watchers).stop_all();
     stop.store(true, Ordering::SeqCst);
     log::info!("stopped");
     Ok(())
+}
+
+/// The controller's registry with every metric that must show before its first event.
+fn controller_metrics() -> Registry {
+    let metrics = Registry::default();
+    metrics.set(
+        &crate::metrics::BUILD_INFO,
+        &[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("commit", env!("HAPTIC_GIT_COMMIT")),
+        ],
+        1.0,
+    );
+    for metric in [
+        &crate::metrics::RECONCILIATION_TOTAL,
+        &crate::metrics::RECONCILIATION_ERRORS_TOTAL,
+        &crate::metrics::LEADER_ELECTION_TRANSITIONS_TOTAL,
+        &crate::metrics::WEBHOOK_REQUESTS_TOTAL,
+        &crate::metrics::DEPLOYMENT_TOTAL,
+        &crate::metrics::DEPLOYMENT_ERRORS_TOTAL,
+        &crate::metrics::CONFIG_ERRORS_TOTAL,
+    ] {
+        metrics.describe_counter(metric);
+    }
+    metrics.set(&crate::metrics::LEADER_ELECTION_IS_LEADER, &[], 0.0);
+    metrics.set(&crate::metrics::ADMITTED_PODS, &[], 0.0);
+    metrics
+}
+
+/// Leadership gained or lost: metrics, the event log, and the deployer (which learns every
+/// pod's state again before pushing).
+fn leadership_changed(event: &LeaderEvent, shared: &Shared, ch: &Channels) {
+    let leading = matches!(event, LeaderEvent::Started { .. });
+    let metrics = &shared.metrics;
+    metrics.set(
+        &crate::metrics::LEADER_ELECTION_IS_LEADER,
+        &[],
+        if leading { 1.0 } else { 0.0 },
+    );
+    metrics.inc(&crate::metrics::LEADER_ELECTION_TRANSITIONS_TOTAL, &[]);
+    shared.record(if leading {
+        "leader gained"
+    } else {
+        "leader lost"
+    });
+    let _ = ch.deploy_tx.send(DeployMsg::Leadership);
 }
 
 fn join_until(handle: std::thread::JoinHandle<()>, deadline: Instant) {
@@ -482,65 +410,4 @@ fn join_until(handle: std::thread::JoinHandle<()>, deadline: Instant) {
     if handle.is_finished() {
         let _ = handle.join();
     }
-}
-
-fn start_config_reflector(
-    client: &Client,
-    namespace: &str,
-    name: &str,
-    events: Sender<ReflectorEvent>,
-    stop: Arc<AtomicBool>,
-) -> SharedStore {
-    let store: SharedStore = Arc::new(std::sync::RwLock::new(Arc::new(Store::new(
-        crate::render::pod_index(),
-    ))));
-    let reflector = Reflector {
-        name: "haproxytemplateconfig".into(),
-        client: client.clone(),
-        resource: status::config_resource(),
-        namespace: Some(namespace.to_string()),
-        params: ListParams {
-            field_selector: Some(format!("metadata.name={name}")),
-            ..Default::default()
-        },
-        filter: ObjectFilter::default(),
-        store: store.clone(),
-        synced: Arc::new(AtomicBool::new(false)),
-        stop,
-        events,
-        watch_timeout: Duration::from_secs(290),
-    };
-    if let Err(e) = spawn("watch-config", move || reflector.run()) {
-        log::error!("{e}");
-    }
-    store
-}
-
-/// The settings the controller reads once, when its runtime starts (the elector, the agent
-/// client), with their values: field path and value.
-fn startup_settings(spec: &crate::config::Spec) -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "controller.leaderElection.enabled",
-            spec.leader_election_enabled().to_string(),
-        ),
-        ("controller.leaderElection.leaseName", spec.lease_name()),
-        (
-            "controller.leaderElection.leaseDuration",
-            format!("{:?}", spec.lease_duration()),
-        ),
-        (
-            "controller.leaderElection.renewDeadline",
-            format!("{:?}", spec.renew_deadline()),
-        ),
-        (
-            "controller.leaderElection.retryPeriod",
-            format!("{:?}", spec.retry_period()),
-        ),
-        ("dataplane.port", spec.dataplane_port().to_string()),
-        (
-            "dataplane.deploymentTimeout",
-            format!("{:?}", spec.deployment_timeout()),
-        ),
-    ]
 }

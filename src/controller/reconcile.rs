@@ -16,7 +16,7 @@ use super::watchers::Watchers;
 use crate::config::model::HAPROXY_PODS;
 use crate::deploy::{DeployMsg, Published};
 use crate::kube::reflector::ReflectorEvent;
-use crate::metrics::DURATION_BUCKETS;
+use crate::metrics::{Stage, DURATION_BUCKETS};
 use crate::render::current_config::CurrentConfig;
 use crate::render::{RenderCache, RenderInputs};
 use crate::validate::haproxy::check_bundle;
@@ -231,8 +231,8 @@ impl Reconciler {
         );
         let validated = match validated {
             Ok(v) => v,
-            Err(Failure::Render(e)) => return self.failed(s, "render", e.to_string(), started),
-            Err(Failure::Check(e)) => return self.failed(s, "validate", e.to_string(), started),
+            Err(Failure::Render(e)) => return self.failed(s, Stage::Render, e.to_string(), started),
+            Err(Failure::Check(e)) => return self.failed(s, Stage::Validate, e.to_string(), started),
         };
         let rendered = validated.rendered;
         let bundle = validated.bundle;
@@ -308,7 +308,8 @@ impl Reconciler {
         let _ = self.status.send(StatusMsg::Reconciled { error: None });
     }
 
-    fn failed(&self, _s: &mut Loop, stage: &str, error: String, started: Instant) {
+    fn failed(&self, _s: &mut Loop, stage: Stage, error: String, started: Instant) {
+        let stage = stage.as_str();
         let metrics = &self.shared.metrics;
         metrics.inc(
             &crate::metrics::RECONCILIATION_ERRORS_TOTAL,
