@@ -34,7 +34,7 @@ const KNOWN_KINDS: &[&str] = &[
 ];
 
 /// The plural resource name of a kind, by the rules the API server's defaulting uses.
-pub fn plural_of(kind: &str) -> String {
+pub(crate) fn plural_of(kind: &str) -> String {
     let lower = kind.to_ascii_lowercase();
     if lower == "endpoints" {
         return lower;
@@ -57,7 +57,7 @@ pub fn plural_of(kind: &str) -> String {
 
 /// The kind for a plural resource name: exact for known kinds, else a best guess
 /// (`widgets` → `Widget`).
-pub fn kind_of(plural: &str) -> String {
+pub(crate) fn kind_of(plural: &str) -> String {
     if let Some(kind) = KNOWN_KINDS.iter().find(|k| plural_of(k) == plural) {
         return kind.to_string();
     }

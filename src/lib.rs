@@ -4,16 +4,18 @@
 //! ([`store`]), template rendering ([`render`]), validation ([`validate`]), Kubernetes access
 //! ([`kube`]) and the command line ([`cli`]). `src/main.rs` only dispatches to [`cli::main`].
 
+#![warn(unreachable_pub)]
+
 pub mod cli;
 pub mod config;
 pub mod controller;
-pub mod deploy;
-pub mod kinds;
+pub(crate) mod deploy;
+pub(crate) mod kinds;
 pub mod kube;
 pub mod logger;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod render;
-pub mod serve;
+pub(crate) mod serve;
 pub mod store;
 pub mod validate;
 

@@ -31,12 +31,12 @@ struct Family {
 }
 
 /// Duration buckets in seconds, from 1 ms to 60 s.
-pub const DURATION_BUCKETS: &[f64] = &[
+pub(crate) const DURATION_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 ];
 
 #[derive(Debug, Clone, Default)]
-pub struct Registry {
+pub(crate) struct Registry {
     families: Arc<Mutex<BTreeMap<&'static str, Family>>>,
 }
 
@@ -105,28 +105,28 @@ impl Registry {
     }
 
     /// Declares a family so it is exported (with no samples) before its first use.
-    pub fn describe_counter(&self, metric: &Metric) {
+    pub(crate) fn describe_counter(&self, metric: &Metric) {
         self.with(metric.name, metric.help, Kind::Counter, &[], |_| ());
     }
 
-    pub fn inc(&self, metric: &Metric, pairs: &[(&str, &str)]) {
+    pub(crate) fn inc(&self, metric: &Metric, pairs: &[(&str, &str)]) {
         self.add(metric, pairs, 1.0);
     }
 
-    pub fn add(&self, metric: &Metric, pairs: &[(&str, &str)], v: f64) {
+    pub(crate) fn add(&self, metric: &Metric, pairs: &[(&str, &str)], v: f64) {
         self.with(metric.name, metric.help, Kind::Counter, &[], |f| {
             *f.values.entry(labels(pairs)).or_insert(0.0) += v
         });
     }
 
-    pub fn set(&self, metric: &Metric, pairs: &[(&str, &str)], v: f64) {
+    pub(crate) fn set(&self, metric: &Metric, pairs: &[(&str, &str)], v: f64) {
         self.with(metric.name, metric.help, Kind::Gauge, &[], |f| {
             f.values.insert(labels(pairs), v);
         });
     }
 
     /// Replaces every sample of a gauge family (for per-object gauges whose label sets change).
-    pub fn set_all(&self, metric: &Metric, samples: Vec<(Vec<(&str, &str)>, f64)>) {
+    pub(crate) fn set_all(&self, metric: &Metric, samples: Vec<(Vec<(&str, &str)>, f64)>) {
         self.with(metric.name, metric.help, Kind::Gauge, &[], |f| {
             f.values = samples
                 .iter()
@@ -135,7 +135,7 @@ impl Registry {
         });
     }
 
-    pub fn observe(
+    pub(crate) fn observe(
         &self,
         metric: &Metric,
         buckets: &'static [f64],
@@ -160,13 +160,14 @@ impl Registry {
         });
     }
 
-    /// The value of a counter or gauge sample (tests and health checks).
-    pub fn value(&self, name: &str, pairs: &[(&str, &str)]) -> Option<f64> {
+    /// The value of a counter or gauge sample.
+    #[cfg(test)]
+    pub(crate) fn value(&self, name: &str, pairs: &[(&str, &str)]) -> Option<f64> {
         let families = crate::lock(&self.families);
         families.get(name)?.values.get(&labels(pairs)).copied()
     }
 
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         let families = crate::lock(&self.families);
         for (name, family) in families.iter() {
@@ -247,13 +248,13 @@ fn process_metrics() -> String {
 /// The reconciliation stage that failed (`haptic_reconciliation_errors_total{stage}` and the
 /// config's status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stage {
+pub(crate) enum Stage {
     Render,
     Validate,
 }
 
 impl Stage {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Stage::Render => "render",
             Stage::Validate => "validate",
@@ -263,93 +264,93 @@ impl Stage {
 
 /// A metric: name and help text, declared once in the catalogue below.
 #[derive(Debug)]
-pub struct Metric {
+pub(crate) struct Metric {
     pub name: &'static str,
     pub help: &'static str,
 }
 
 // The catalogue: every family the controller exports (docs/operations.md lists them).
-pub const DRIFT_DETECTED_TOTAL: Metric = Metric {
+pub(crate) const DRIFT_DETECTED_TOTAL: Metric = Metric {
     name: "haptic_drift_detected_total",
     help: "Pods found running another bundle than the one deployed to them.",
 };
-pub const ADMITTED_PODS: Metric = Metric {
+pub(crate) const ADMITTED_PODS: Metric = Metric {
     name: "haptic_admitted_pods",
     help: "HAProxy pods admitted for deployment.",
 };
-pub const DEPLOYMENT_TOTAL: Metric = Metric {
+pub(crate) const DEPLOYMENT_TOTAL: Metric = Metric {
     name: "haptic_deployment_total",
     help: "Bundle pushes to HAProxy pods by result.",
 };
-pub const DEPLOYMENT_ERRORS_TOTAL: Metric = Metric {
+pub(crate) const DEPLOYMENT_ERRORS_TOTAL: Metric = Metric {
     name: "haptic_deployment_errors_total",
     help: "Failed bundle pushes to HAProxy pods.",
 };
-pub const DEPLOYMENT_DURATION_SECONDS: Metric = Metric {
+pub(crate) const DEPLOYMENT_DURATION_SECONDS: Metric = Metric {
     name: "haptic_deployment_duration_seconds",
     help: "Time to push one bundle to the pods that needed it.",
 };
-pub const CHANGE_TO_DEPLOYED_SECONDS: Metric = Metric {
+pub(crate) const CHANGE_TO_DEPLOYED_SECONDS: Metric = Metric {
     name: "haptic_change_to_deployed_seconds",
     help: "From the first change seen to the bundle applied on every admitted pod.",
 };
-pub const WEBHOOK_REQUESTS_TOTAL: Metric = Metric {
+pub(crate) const WEBHOOK_REQUESTS_TOTAL: Metric = Metric {
     name: "haptic_webhook_requests_total",
     help: "Admission webhook requests by result.",
 };
-pub const BUILD_INFO: Metric = Metric {
+pub(crate) const BUILD_INFO: Metric = Metric {
     name: "haptic_build_info",
     help: "Build information.",
 };
-pub const LEADER_ELECTION_IS_LEADER: Metric = Metric {
+pub(crate) const LEADER_ELECTION_IS_LEADER: Metric = Metric {
     name: "haptic_leader_election_is_leader",
     help: "1 while this replica leads.",
 };
-pub const LEADER_ELECTION_TRANSITIONS_TOTAL: Metric = Metric {
+pub(crate) const LEADER_ELECTION_TRANSITIONS_TOTAL: Metric = Metric {
     name: "haptic_leader_election_transitions_total",
     help: "Leadership changes of this replica.",
 };
-pub const CONFIG_ERRORS_TOTAL: Metric = Metric {
+pub(crate) const CONFIG_ERRORS_TOTAL: Metric = Metric {
     name: "haptic_config_errors_total",
     help: "HAProxyTemplateConfig changes refused as invalid.",
 };
-pub const WATCH_RESTARTS_TOTAL: Metric = Metric {
+pub(crate) const WATCH_RESTARTS_TOTAL: Metric = Metric {
     name: "haptic_watch_restarts_total",
     help: "Re-lists of a watched resource (410, errors, broken watches).",
 };
-pub const WATCH_EVENTS_TOTAL: Metric = Metric {
+pub(crate) const WATCH_EVENTS_TOTAL: Metric = Metric {
     name: "haptic_watch_events_total",
     help: "Changes received per watched resource.",
 };
-pub const RESOURCE_OBJECTS: Metric = Metric {
+pub(crate) const RESOURCE_OBJECTS: Metric = Metric {
     name: "haptic_resource_objects",
     help: "Objects held per watched resource.",
 };
-pub const RECONCILIATION_TOTAL: Metric = Metric {
+pub(crate) const RECONCILIATION_TOTAL: Metric = Metric {
     name: "haptic_reconciliation_total",
     help: "Reconciliations (render, and validation when needed).",
 };
-pub const VALIDATION_DURATION_SECONDS: Metric = Metric {
+pub(crate) const VALIDATION_DURATION_SECONDS: Metric = Metric {
     name: "haptic_validation_duration_seconds",
     help: "Time of haproxy -c on a rendered bundle.",
 };
-pub const RENDER_DURATION_SECONDS: Metric = Metric {
+pub(crate) const RENDER_DURATION_SECONDS: Metric = Metric {
     name: "haptic_render_duration_seconds",
     help: "Time to render every template once.",
 };
-pub const DROPPED_OBJECTS: Metric = Metric {
+pub(crate) const DROPPED_OBJECTS: Metric = Metric {
     name: "haptic_dropped_objects",
     help: "Objects left out of the configuration (refused values, failed checks).",
 };
-pub const RECONCILIATION_DURATION_SECONDS: Metric = Metric {
+pub(crate) const RECONCILIATION_DURATION_SECONDS: Metric = Metric {
     name: "haptic_reconciliation_duration_seconds",
     help: "Time of one reconciliation.",
 };
-pub const CONFIG_BYTES: Metric = Metric {
+pub(crate) const CONFIG_BYTES: Metric = Metric {
     name: "haptic_config_bytes",
     help: "Size of the rendered haproxy.cfg.",
 };
-pub const RECONCILIATION_ERRORS_TOTAL: Metric = Metric {
+pub(crate) const RECONCILIATION_ERRORS_TOTAL: Metric = Metric {
     name: "haptic_reconciliation_errors_total",
     help: "Reconciliations that failed, by stage (render, validate).",
 };

@@ -3,7 +3,8 @@
 //! The agent binary (`haptic-agent`) applies configuration bundles to the HAProxy beside it. This
 //! library holds what the controller shares with it: the bundle, its canonical hash and the wire
 //! types ([`protocol`]), the runtime/reload [`classify`]er with its configuration view
-//! ([`haproxy_cfg`]), and [`base64`].
+//! ([`haproxy_cfg`]), [`base64`], [`time`], [`logging`], and the HTTP pieces the controller's
+//! webhook serves with ([`http`], [`accept`]). The modules after those are the agent itself.
 //!
 //! ```
 //! use haptic_agent::classify::{classify, Classification};
@@ -23,8 +24,9 @@ pub mod logging;
 pub mod protocol;
 pub mod reload;
 pub mod time;
-// The small HTTP/1.1 reader and writer of the agent's API, also serving the controller's
-// admission webhook.
+// The small HTTP/1.1 reader and writer of the agent's API and bounded TLS accepting, also
+// serving the controller's admission webhook.
+pub mod accept;
 pub mod http;
 
 // The agent itself (used by the `haptic-agent` binary; public for its integration tests).

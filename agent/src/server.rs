@@ -1,17 +1,17 @@
 //! The agent's listeners: the API (mutual TLS, or the explicit legacy plain-HTTP mode with basic
 //! auth) and the plain probe port. One thread per connection, bounded overall and per peer
-//! address ([`ConnectionGate`]); one request per connection; a short deadline for the TLS
+//! address ([`ConnectionGate`], shared with the controller's webhook); one request per connection; a short deadline for the TLS
 //! handshake (peers without a certificate cannot hold connections open), read and write
 //! timeouts on the socket and a deadline for the whole request.
 
-use std::collections::HashMap;
 use std::io::{BufReader, Read, Write};
-use std::net::{IpAddr, TcpListener, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustls::{ServerConnection, StreamOwned};
 
+use crate::accept::{complete_handshake, ConnectionGate};
 use crate::apply::{Agent, ApplyRequest};
 use crate::http::{self, Head, Limits, ReadError, Response};
 use crate::protocol::{api, Bundle, WireBundle};
@@ -59,87 +59,6 @@ impl Default for ServerLimits {
             max_per_peer: 8,
         }
     }
-}
-
-/// Admits connections: at most `max` open at once, and at most `per_peer` from one address,
-/// so that one peer (an idle flood, a slow client) cannot take every slot from the others.
-#[derive(Debug)]
-pub struct ConnectionGate {
-    max: usize,
-    per_peer: usize,
-    open: Mutex<(usize, HashMap<IpAddr, usize>)>,
-}
-
-/// An admitted connection; its slot is given back when this is dropped.
-#[derive(Debug)]
-pub struct Admitted {
-    gate: Arc<ConnectionGate>,
-    peer: IpAddr,
-}
-
-impl ConnectionGate {
-    pub fn new(max: usize, per_peer: usize) -> Arc<ConnectionGate> {
-        Arc::new(ConnectionGate {
-            max,
-            per_peer,
-            open: Mutex::new((0, HashMap::new())),
-        })
-    }
-
-    /// A slot for a connection from `peer`, or why there is none.
-    pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Admitted, &'static str> {
-        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if open.0 >= self.max {
-            return Err("too many connections");
-        }
-        let from_peer = open.1.entry(peer).or_insert(0);
-        if *from_peer >= self.per_peer {
-            return Err("too many connections from this address");
-        }
-        *from_peer += 1;
-        open.0 += 1;
-        Ok(Admitted {
-            gate: self.clone(),
-            peer,
-        })
-    }
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        let mut open = self.gate.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.0 -= 1;
-        if let Some(n) = open.1.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
-                open.1.remove(&self.peer);
-            }
-        }
-    }
-}
-
-/// Completes a server-side TLS handshake by `deadline` (a peer that sends nothing, or too
-/// slowly, is dropped); leaves the socket's read timeout at `io_timeout`.
-pub fn complete_handshake(
-    conn: &mut ServerConnection,
-    sock: &mut TcpStream,
-    deadline: Instant,
-    io_timeout: Duration,
-) -> Result<(), String> {
-    while conn.is_handshaking() {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err("handshake not completed in time".into());
-        }
-        let _ = sock.set_read_timeout(Some(left));
-        if let Err(e) = conn.complete_io(sock) {
-            // Send the alert (e.g. a refused certificate) before closing.
-            let _ = conn.write_tls(sock);
-            return Err(e.to_string());
-        }
-    }
-    let _ = sock.set_read_timeout(Some(io_timeout));
-    Ok(())
 }
 
 /// Accepts API connections forever (run it on its own thread).

@@ -4,14 +4,14 @@
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone)]
-pub struct Spec {
+pub(super) struct Spec {
     pub long: &'static str,
     pub short: Option<char>,
     pub takes_value: bool,
     pub help: &'static str,
 }
 
-pub const fn opt(long: &'static str, short: Option<char>, help: &'static str) -> Spec {
+pub(super) const fn opt(long: &'static str, short: Option<char>, help: &'static str) -> Spec {
     Spec {
         long,
         short,
@@ -20,7 +20,7 @@ pub const fn opt(long: &'static str, short: Option<char>, help: &'static str) ->
     }
 }
 
-pub const fn switch(long: &'static str, help: &'static str) -> Spec {
+pub(super) const fn switch(long: &'static str, help: &'static str) -> Spec {
     Spec {
         long,
         short: None,
@@ -30,27 +30,27 @@ pub const fn switch(long: &'static str, help: &'static str) -> Spec {
 }
 
 #[derive(Debug, Default)]
-pub struct Parsed {
+pub(super) struct Parsed {
     values: BTreeMap<&'static str, Vec<String>>,
     pub positional: Vec<String>,
     pub help: bool,
 }
 
 impl Parsed {
-    pub fn all(&self, long: &str) -> Vec<String> {
+    pub(super) fn all(&self, long: &str) -> Vec<String> {
         self.values.get(long).cloned().unwrap_or_default()
     }
 
-    pub fn last(&self, long: &str) -> Option<String> {
+    pub(super) fn last(&self, long: &str) -> Option<String> {
         self.values.get(long).and_then(|v| v.last().cloned())
     }
 
-    pub fn flag(&self, long: &str) -> bool {
+    pub(super) fn flag(&self, long: &str) -> bool {
         self.values.contains_key(long)
     }
 }
 
-pub fn parse(args: &[String], specs: &[Spec]) -> Result<Parsed, String> {
+pub(super) fn parse(args: &[String], specs: &[Spec]) -> Result<Parsed, String> {
     let mut parsed = Parsed::default();
     let mut i = 0;
     while i < args.len() {
@@ -107,7 +107,7 @@ pub fn parse(args: &[String], specs: &[Spec]) -> Result<Parsed, String> {
     Ok(parsed)
 }
 
-pub fn usage(command: &str, summary: &str, specs: &[Spec]) -> String {
+pub(super) fn usage(command: &str, summary: &str, specs: &[Spec]) -> String {
     let mut out = format!("{summary}\n\nUsage: haptic {command} [options]\n\nOptions:\n");
     for s in specs {
         let short = s.short.map(|c| format!("-{c}, ")).unwrap_or_default();

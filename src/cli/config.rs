@@ -21,7 +21,7 @@ A file is an HAProxyTemplateConfig manifest, a bare spec, or `spec: {…}` alone
 The result is checked as `haptic validate` checks a config before running its tests (types,
 names, references, templates that compile); one that fails is refused unless --no-validate.";
 
-pub fn run(args: &[String]) -> CommandResult {
+pub(super) fn run(args: &[String]) -> CommandResult {
     let Some((sub, rest)) = args.split_first() else {
         return Err("config needs a subcommand: merge".to_string().into());
     };

@@ -70,7 +70,7 @@ pub(crate) fn parse_extra_context(
     Ok(map)
 }
 
-pub fn run(args: &[String]) -> CommandResult {
+pub(super) fn run(args: &[String]) -> CommandResult {
     let parsed = parse(args, OPTIONS)?;
     if parsed.help {
         println!("{}", usage("render", SUMMARY, OPTIONS));

@@ -52,7 +52,7 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "haptic".into())
 }
 
-pub fn run(args: &[String]) -> CommandResult {
+pub(super) fn run(args: &[String]) -> CommandResult {
     let parsed = parse(args, OPTIONS)?;
     if parsed.help {
         println!("{}", usage("run", SUMMARY, OPTIONS));

@@ -31,7 +31,7 @@ const OPTIONS: &[Spec] = &[
 const SUMMARY: &str =
     "Run the validation tests embedded in a config (offline; needs haproxy for haproxy_valid).";
 
-pub fn run(args: &[String]) -> CommandResult {
+pub(super) fn run(args: &[String]) -> CommandResult {
     let parsed = parse(args, OPTIONS)?;
     if parsed.help {
         println!("{}", usage("validate", SUMMARY, OPTIONS));

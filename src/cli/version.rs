@@ -2,9 +2,9 @@
 
 use super::CommandResult;
 
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub(super) const VERSION: &str = env!("CARGO_PKG_VERSION");
 
-pub fn build_info() -> String {
+pub(super) fn build_info() -> String {
     format!(
         "haptic {VERSION} (commit {}, target {}, profile {})",
         env!("HAPTIC_GIT_COMMIT"),
@@ -13,7 +13,7 @@ pub fn build_info() -> String {
     )
 }
 
-pub fn run(args: &[String]) -> CommandResult {
+pub(super) fn run(args: &[String]) -> CommandResult {
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!("Print version and build information.\n\nUsage: haptic version");
         return Ok(());

@@ -27,13 +27,13 @@ use unsafe_libyaml as unsafe_sys;
 
 /// Largest config file read (4 MiB). A HAProxyTemplateConfig object must fit in one Kubernetes
 /// object, which the API server caps at about 1.5 MiB, so no deployable config comes close.
-pub const MAX_INPUT_BYTES: usize = 4 << 20;
+pub(crate) const MAX_INPUT_BYTES: usize = 4 << 20;
 /// Deepest nesting of mappings and lists (the top-level mapping is level 1).
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 /// Most nodes (scalars, mappings, lists) in one file after alias expansion.
-pub const MAX_NODES: u64 = 1_000_000;
+pub(crate) const MAX_NODES: u64 = 1_000_000;
 /// Most bytes of scalar text in one file after alias expansion (16 MiB).
-pub const MAX_EXPANDED_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_EXPANDED_BYTES: u64 = 16 << 20;
 
 /// Owns a libyaml parser reading `'a` input; the parser stays at one heap address (libyaml
 /// keeps a pointer to it for string input) and is freed on drop.
@@ -163,7 +163,7 @@ fn next_event(parser: &mut Parser) -> Option<(Event, u64, u64)> {
 
 /// Refuses YAML (or JSON) text that is too large, too deeply nested or expands too much
 /// through aliases. Text that is not valid YAML passes: the deserializer reports its error.
-pub fn check_yaml(text: &str) -> Result<(), String> {
+pub(crate) fn check_yaml(text: &str) -> Result<(), String> {
     if text.len() > MAX_INPUT_BYTES {
         return Err(too_large(text.len()));
     }
@@ -251,7 +251,7 @@ pub fn check_yaml(text: &str) -> Result<(), String> {
 }
 
 /// The message for input over [`MAX_INPUT_BYTES`].
-pub fn too_large(len: usize) -> String {
+pub(crate) fn too_large(len: usize) -> String {
     format!(
         "{len} bytes is more than the {} MiB a config file may have",
         MAX_INPUT_BYTES >> 20
@@ -260,7 +260,7 @@ pub fn too_large(len: usize) -> String {
 
 /// Refuses a value (for example a config object read from the API server) nested deeper than
 /// [`MAX_DEPTH`]; `path` names the value, and the message names the first place too deep.
-pub fn check_depth(value: &Value, path: &str) -> Result<(), String> {
+pub(crate) fn check_depth(value: &Value, path: &str) -> Result<(), String> {
     /// `Err` holds the path segments from the node that is too deep up to `value`.
     fn walk(value: &Value, level: usize) -> Result<(), Vec<String>> {
         match value {

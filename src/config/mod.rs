@@ -22,7 +22,7 @@
 //! [`model::INT_FIELDS`]). docs/operations.md lists them all.
 
 pub mod duration;
-pub mod input;
+pub(crate) mod input;
 pub mod model;
 pub mod validate;
 

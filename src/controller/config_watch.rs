@@ -72,7 +72,7 @@ pub(super) struct ConfigWatcherDeps {
 impl ConfigWatcher {
     /// Starts the reflector of the config object `namespace/name`; it sends `events` on changes
     /// and stops with `stop`.
-    pub fn start(
+    pub(super) fn start(
         client: &Client,
         namespace: &str,
         name: &str,
@@ -119,7 +119,7 @@ impl ConfigWatcher {
     }
 
     /// Looks at the object: returns the config to run when a new valid generation arrived.
-    pub fn poll(&mut self) -> Option<Arc<ActiveConfig>> {
+    pub(super) fn poll(&mut self) -> Option<Arc<ActiveConfig>> {
         let object = snapshot(&self.store).list().next().cloned()?;
         let version = object
             .pointer("/metadata/resourceVersion")

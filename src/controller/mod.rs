@@ -8,9 +8,9 @@
 //! Every replica watches, renders and validates; only the leader deploys and writes status.
 
 mod config_watch;
-pub mod reconcile;
-pub mod state;
-pub mod status;
+pub(crate) mod reconcile;
+pub(crate) mod state;
+pub(crate) mod status;
 pub mod watchers;
 
 use std::path::PathBuf;

@@ -22,14 +22,14 @@ use crate::render::{RenderCache, RenderInputs};
 use crate::validate::haproxy::check_bundle;
 use crate::validate::isolate::{render_validated, Failure};
 
-pub enum ControlMsg {
+pub(crate) enum ControlMsg {
     Config(Arc<ActiveConfig>),
     /// The deployed config as last published (HAProxyCfg), to keep server slots stable.
     CurrentConfig(String),
     Shutdown,
 }
 
-pub struct Reconciler {
+pub(crate) struct Reconciler {
     pub shared: Arc<Shared>,
     pub watchers: Arc<Mutex<Watchers>>,
     pub store_events: Receiver<ReflectorEvent>,
@@ -51,7 +51,7 @@ struct Loop {
 }
 
 impl Reconciler {
-    pub fn run(self) {
+    pub(crate) fn run(self) {
         let mut s = Loop {
             config: None,
             pending: false,
@@ -231,9 +231,14 @@ impl Reconciler {
         );
         let validated = match validated {
             Ok(v) => v,
-            Err(Failure::Render(e)) => return self.failed(s, Stage::Render, e.to_string(), started),
-            Err(Failure::Check(e)) => return self.failed(s, Stage::Validate, e.to_string(), started),
+            Err(Failure::Render(e)) => {
+                return self.failed(s, Stage::Render, e.to_string(), started)
+            }
+            Err(Failure::Check(e)) => {
+                return self.failed(s, Stage::Validate, e.to_string(), started)
+            }
         };
+        let checks = validated.checks;
         let rendered = validated.rendered;
         let bundle = validated.bundle;
         metrics.set(
@@ -260,7 +265,7 @@ impl Reconciler {
             Some(Classification::NoChange) | Some(Classification::Runtime(_))
         );
         log::info!(
-            "bundle={} rendered class={} config_bytes={} files={} in {} ms",
+            "bundle={} rendered class={} config_bytes={} files={} checks={checks} in {} ms",
             &hash.as_str()[..12],
             class.as_ref().map(|c| c.result_name()).unwrap_or("initial"),
             bundle.haproxy_cfg.len(),

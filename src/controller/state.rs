@@ -15,7 +15,7 @@ use crate::kube::lease::Leadership;
 use crate::metrics::Registry;
 use crate::render::Engine;
 
-pub use crate::lock;
+pub(crate) use crate::lock;
 
 /// The config the controller runs with.
 pub struct ActiveConfig {
@@ -28,7 +28,7 @@ pub struct ActiveConfig {
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct RenderState {
+pub(crate) struct RenderState {
     pub bundle: Option<String>,
     pub haproxy_cfg: Option<String>,
     pub last_error: Option<String>,
@@ -36,7 +36,7 @@ pub struct RenderState {
     pub renders: u64,
 }
 
-pub struct Shared {
+pub(crate) struct Shared {
     pub metrics: Registry,
     leadership: Mutex<Arc<Leadership>>,
     /// What the controller is doing, for `/healthz` and `/readyz` explanations.
@@ -50,7 +50,7 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn new(metrics: Registry, leadership: Arc<Leadership>) -> Shared {
+    pub(crate) fn new(metrics: Registry, leadership: Arc<Leadership>) -> Shared {
         Shared {
             metrics,
             leadership: Mutex::new(leadership),
@@ -64,20 +64,20 @@ impl Shared {
         }
     }
 
-    pub fn leadership(&self) -> Arc<Leadership> {
+    pub(crate) fn leadership(&self) -> Arc<Leadership> {
         lock(&self.leadership).clone()
     }
 
-    pub fn set_leadership(&self, leadership: Arc<Leadership>) {
+    pub(crate) fn set_leadership(&self, leadership: Arc<Leadership>) {
         *lock(&self.leadership) = leadership;
     }
 
-    pub fn set_phase(&self, phase: impl Into<String>) {
+    pub(crate) fn set_phase(&self, phase: impl Into<String>) {
         *lock(&self.phase) = phase.into();
     }
 
     /// Remembers a notable event for `/debug/events` (the last 200).
-    pub fn record(&self, event: impl Into<String>) {
+    pub(crate) fn record(&self, event: impl Into<String>) {
         let mut events = lock(&self.events);
         if events.len() >= 200 {
             events.pop_front();
@@ -89,7 +89,7 @@ impl Shared {
         ));
     }
 
-    pub fn recent_events(&self) -> Vec<String> {
+    pub(crate) fn recent_events(&self) -> Vec<String> {
         lock(&self.events).iter().cloned().collect()
     }
 }

@@ -21,7 +21,7 @@ use crate::render::context::StatusUpdate;
 /// in here: `lastTransitionTime` is kept from the previous write while a condition's status is
 /// unchanged, and set to `now` when it changes or is new. Conditions are matched by `type`
 /// within the same place: list elements are matched by `name`, `parentRef` or position.
-pub fn stamp_conditions(status: &mut Value, previous: Option<&Value>, now: &str) {
+pub(crate) fn stamp_conditions(status: &mut Value, previous: Option<&Value>, now: &str) {
     match status {
         Value::Object(map) => {
             for (key, value) in map.iter_mut() {
@@ -67,7 +67,7 @@ pub fn stamp_conditions(status: &mut Value, previous: Option<&Value>, now: &str)
     }
 }
 
-pub enum StatusMsg {
+pub(crate) enum StatusMsg {
     ConfigValidation {
         generation: i64,
         error: Option<String>,
@@ -85,7 +85,7 @@ pub enum StatusMsg {
     Shutdown,
 }
 
-pub fn config_resource() -> ResourceRef {
+pub(crate) fn config_resource() -> ResourceRef {
     ResourceRef::new(
         crate::config::model::API_VERSION,
         "haproxytemplateconfigs",
@@ -93,7 +93,7 @@ pub fn config_resource() -> ResourceRef {
     )
 }
 
-pub fn haproxycfg_resource() -> ResourceRef {
+pub(crate) fn haproxycfg_resource() -> ResourceRef {
     ResourceRef::new(crate::config::model::API_VERSION, "haproxycfgs", true)
 }
 
@@ -105,7 +105,7 @@ struct Condition {
     message: String,
 }
 
-pub struct StatusWriter {
+pub(crate) struct StatusWriter {
     pub client: Client,
     pub shared: Arc<Shared>,
     pub namespace: String,
@@ -144,7 +144,7 @@ struct Written {
 }
 
 impl StatusWriter {
-    pub fn run(self) {
+    pub(crate) fn run(self) {
         let mut desired = Desired::default();
         let mut written = Written::default();
         loop {

@@ -18,14 +18,14 @@ use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
 const MAX_RESPONSE: usize = 16 * 1024 * 1024;
 
 #[derive(Debug, Clone)]
-pub struct AgentTls {
+pub(crate) struct AgentTls {
     pub dir: PathBuf,
     pub server_name: String,
 }
 
 /// How the controller reaches agents.
 #[derive(Debug, Clone)]
-pub enum Transport {
+pub(crate) enum Transport {
     /// HTTPS with mutual TLS (the default).
     Tls(AgentTls),
     /// Plain HTTP with the credentials Secret's `username` and `password` (files in `dir`);
@@ -33,7 +33,7 @@ pub enum Transport {
     BasicAuth { dir: PathBuf },
 }
 
-pub struct AgentClient {
+pub(crate) struct AgentClient {
     transport: Transport,
     port: u16,
     timeout: Duration,
@@ -43,19 +43,19 @@ pub struct AgentClient {
 
 /// An agent's answer.
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub body: Vec<u8>,
 }
 
 impl Reply {
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 }
 
 impl AgentClient {
-    pub fn new(transport: Transport, port: u16, timeout: Duration) -> AgentClient {
+    pub(crate) fn new(transport: Transport, port: u16, timeout: Duration) -> AgentClient {
         AgentClient {
             port,
             timeout,
@@ -97,7 +97,7 @@ impl AgentClient {
     }
 
     /// One request to the agent at `ip`; `headers` are extra request headers.
-    pub fn request(
+    pub(crate) fn request(
         &self,
         ip: &str,
         method: &str,

@@ -2,9 +2,9 @@
 //! bundle through its agent, in parallel, with per-pod retries, fencing (`If-Match`, leader
 //! epoch), rate-limited reloads and a periodic drift check.
 
-pub mod agent_client;
+pub(crate) mod agent_client;
 mod plan;
-pub mod pods;
+pub(crate) mod pods;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +21,7 @@ use pods::PodTarget;
 
 /// A validated bundle ready for the pods.
 #[derive(Debug)]
-pub struct Published {
+pub(crate) struct Published {
     pub bundle: Bundle,
     pub hash: BundleHash,
     /// The bundle needs a reload compared with the previous one (reloads are rate-limited).
@@ -32,7 +32,7 @@ pub struct Published {
 
 /// What the deployer reacts to.
 #[derive(Debug)]
-pub enum DeployMsg {
+pub(crate) enum DeployMsg {
     Bundle(Arc<Published>),
     Pods(Vec<PodTarget>),
     /// Leadership changed (the view itself is polled before every push).
@@ -43,7 +43,7 @@ pub enum DeployMsg {
 /// Why a pod is not admitted for deployment.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "reason", rename_all = "camelCase")]
-pub enum NotAdmitted {
+pub(crate) enum NotAdmitted {
     /// The pod runs another HAProxy major.minor than the controller validates with: nothing is
     /// deployed to it until one of them changes.
     VersionMismatch { runs: String, required: String },
@@ -64,7 +64,7 @@ impl std::fmt::Display for NotAdmitted {
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
-pub struct PodStatus {
+pub(crate) struct PodStatus {
     pub namespace: String,
     pub name: String,
     pub ip: String,
@@ -79,14 +79,14 @@ pub struct PodStatus {
     pub last_deployed_at: Option<String>,
 }
 
-pub struct DeployerConfig {
+pub(crate) struct DeployerConfig {
     pub min_deployment_interval: Duration,
     pub drift_prevention_interval: Duration,
     /// `major.minor` of the controller's haproxy; pods running another version are refused.
     pub haproxy_version: Option<String>,
 }
 
-pub struct Deployer {
+pub(crate) struct Deployer {
     pub client: Arc<AgentClient>,
     pub leadership: Arc<Leadership>,
     pub config: Arc<Mutex<DeployerConfig>>,
@@ -182,7 +182,7 @@ impl Deployer {
         Ok(AgentView { bundle, version })
     }
 
-    pub fn run(self) {
+    pub(crate) fn run(self) {
         let mut plan = Planner::new(Instant::now());
         let mut wait = Duration::from_millis(100);
         loop {

@@ -112,7 +112,7 @@ impl PodState {
         }
     }
 
-    pub fn target(&self) -> PodTarget {
+    pub(super) fn target(&self) -> PodTarget {
         PodTarget {
             namespace: self.status.namespace.clone(),
             name: self.status.name.clone(),
@@ -139,7 +139,7 @@ fn key_of(target: &PodTarget) -> String {
 }
 
 impl Planner {
-    pub fn new(now: Instant) -> Planner {
+    pub(super) fn new(now: Instant) -> Planner {
         Planner {
             pods: BTreeMap::new(),
             current: None,
@@ -149,13 +149,13 @@ impl Planner {
     }
 
     /// A newer validated bundle (only the latest matters).
-    pub fn set_bundle(&mut self, published: Arc<Published>) {
+    pub(super) fn set_bundle(&mut self, published: Arc<Published>) {
         self.current = Some(published);
     }
 
     /// The pods that may receive configuration now; others are forgotten, and a pod whose IP
     /// changed under the same name is a new pod.
-    pub fn set_pods(&mut self, targets: Vec<PodTarget>, now: Instant) {
+    pub(super) fn set_pods(&mut self, targets: Vec<PodTarget>, now: Instant) {
         let keys: std::collections::BTreeSet<String> = targets.iter().map(key_of).collect();
         self.pods.retain(|k, _| keys.contains(k));
         for target in targets {
@@ -170,7 +170,7 @@ impl Planner {
     }
 
     /// A new leadership term: learn what every pod runs before pushing.
-    pub fn new_term(&mut self, now: Instant) {
+    pub(super) fn new_term(&mut self, now: Instant) {
         for pod in self.pods.values_mut() {
             pod.known = false;
             pod.next_attempt = now;
@@ -180,7 +180,7 @@ impl Planner {
     /// The pods to probe now: those not known in this term, and all of them when the drift
     /// check is due, except those waiting for a retry. Returns whether this is a drift round
     /// (its timer restarts).
-    pub fn probes(
+    pub(super) fn probes(
         &mut self,
         now: Instant,
         drift_interval: Duration,
@@ -200,7 +200,7 @@ impl Planner {
 
     /// Records a probe's answer. `leader`: whether this replica pushes (only then is drift
     /// reported); `drift_round`: the round was a periodic check.
-    pub fn probed(
+    pub(super) fn probed(
         &mut self,
         key: &str,
         answer: Result<AgentView, NotAdmitted>,
@@ -249,14 +249,19 @@ impl Planner {
         }
     }
 
-    pub fn admitted(&self) -> usize {
+    pub(super) fn admitted(&self) -> usize {
         self.pods.values().filter(|p| p.status.admitted).count()
     }
 
     /// The next push round. `epoch`: the leader's epoch, `None` on a standby (which never
     /// pushes). A reload-class bundle waits for `min_interval` since the last reload push; the
     /// wait starts only when a push happens.
-    pub fn pushes(&mut self, epoch: Option<u64>, min_interval: Duration, now: Instant) -> PushPlan {
+    pub(super) fn pushes(
+        &mut self,
+        epoch: Option<u64>,
+        min_interval: Duration,
+        now: Instant,
+    ) -> PushPlan {
         let (Some(published), Some(epoch)) = (self.current.clone(), epoch) else {
             return PushPlan::Nothing;
         };
@@ -292,7 +297,7 @@ impl Planner {
     }
 
     /// Records a push's outcome for `hash` (the bundle that was pushed).
-    pub fn pushed(
+    pub(super) fn pushed(
         &mut self,
         key: &str,
         hash: &str,
@@ -335,7 +340,7 @@ impl Planner {
     }
 
     /// Whether every admitted pod runs `hash`.
-    pub fn everywhere(&self, hash: &str) -> bool {
+    pub(super) fn everywhere(&self, hash: &str) -> bool {
         self.pods
             .values()
             .filter(|p| p.status.admitted)
@@ -343,7 +348,7 @@ impl Planner {
     }
 
     /// How long to sleep: until the earliest retry, at most `max` and at least [`MIN_WAKE`].
-    pub fn next_wake(&self, max: Duration, now: Instant) -> Duration {
+    pub(super) fn next_wake(&self, max: Duration, now: Instant) -> Duration {
         self.pods
             .values()
             .map(|p| p.next_attempt.saturating_duration_since(now))
@@ -354,7 +359,7 @@ impl Planner {
     }
 
     /// The pods' statuses for `/debug/pods` and the status writer.
-    pub fn statuses(&self) -> Vec<PodStatus> {
+    pub(super) fn statuses(&self) -> Vec<PodStatus> {
         self.pods
             .values()
             .map(|p| {

@@ -7,17 +7,17 @@ use serde_json::Value;
 use crate::store::Store;
 
 /// The container whose readiness gates a pod (the agent sidecar).
-pub const AGENT_CONTAINER: &str = "haptic-agent";
+pub(crate) const AGENT_CONTAINER: &str = "haptic-agent";
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct PodTarget {
+pub(crate) struct PodTarget {
     pub namespace: String,
     pub name: String,
     pub ip: String,
 }
 
 /// Why a pod is not a target, for logs and `/debug/pods`.
-pub fn disqualification(pod: &Value) -> Option<String> {
+pub(crate) fn disqualification(pod: &Value) -> Option<String> {
     if pod
         .pointer("/metadata/deletionTimestamp")
         .is_some_and(|v| !v.is_null())
@@ -54,7 +54,7 @@ pub fn disqualification(pod: &Value) -> Option<String> {
 }
 
 /// The pods that may receive configuration now, in name order.
-pub fn targets(pods: &Store) -> Vec<PodTarget> {
+pub(crate) fn targets(pods: &Store) -> Vec<PodTarget> {
     pods.list()
         .filter(|p| disqualification(p).is_none())
         .filter_map(|p| {

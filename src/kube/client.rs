@@ -625,7 +625,7 @@ impl Client {
 }
 
 mod http_response {
-    pub type Response = ureq::http::Response<ureq::Body>;
+    pub(super) type Response = ureq::http::Response<ureq::Body>;
 }
 
 fn api_error(verb: &'static str, path: &str, code: u16, body: &str) -> KubeError {

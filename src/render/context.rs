@@ -86,7 +86,7 @@ impl Paths {
 }
 
 /// Replaces every run of characters outside `[A-Za-z0-9_-]` in the stem with `_`.
-pub fn sanitize_file_name(name: &str) -> String {
+pub(crate) fn sanitize_file_name(name: &str) -> String {
     let (stem, ext) = match name.rsplit_once('.') {
         Some((stem, ext)) if !stem.is_empty() => (stem, Some(ext)),
         _ => (name, None),
@@ -109,7 +109,7 @@ pub fn sanitize_file_name(name: &str) -> String {
     out
 }
 
-pub fn parse_kind(kind: &str) -> Result<FileKind, Error> {
+pub(crate) fn parse_kind(kind: &str) -> Result<FileKind, Error> {
     match kind {
         "file" => Ok(FileKind::General),
         other => FileKind::parse(other).ok_or_else(|| {
@@ -151,7 +151,7 @@ impl Object for Paths {
 
 /// A file registered during rendering through `files.register`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RegisteredFile {
+pub(crate) struct RegisteredFile {
     pub kind: FileKind,
     pub path: String,
     pub content: String,
@@ -159,13 +159,13 @@ pub struct RegisteredFile {
 
 /// `files`: auxiliary files created while rendering.
 #[derive(Debug)]
-pub struct FileRegistry {
+pub(crate) struct FileRegistry {
     paths: Paths,
     files: Mutex<BTreeMap<String, RegisteredFile>>,
 }
 
 impl FileRegistry {
-    pub fn new(paths: Paths) -> FileRegistry {
+    pub(crate) fn new(paths: Paths) -> FileRegistry {
         FileRegistry {
             paths,
             files: Mutex::new(BTreeMap::new()),
@@ -174,7 +174,12 @@ impl FileRegistry {
 
     /// Registering the same file twice with the same content is fine; with different content
     /// it is an error (two templates disagree about one file).
-    pub fn register(&self, kind: FileKind, name: &str, content: String) -> Result<String, String> {
+    pub(crate) fn register(
+        &self,
+        kind: FileKind,
+        name: &str,
+        content: String,
+    ) -> Result<String, String> {
         let (path, added) = self.register_file(kind, name, content.clone())?;
         if added.is_some() {
             units::note_effect(
@@ -230,7 +235,7 @@ impl FileRegistry {
         Ok((path.clone(), Some(path)))
     }
 
-    pub fn take(&self) -> Vec<RegisteredFile> {
+    pub(crate) fn take(&self) -> Vec<RegisteredFile> {
         std::mem::take(&mut *lock(&self.files))
             .into_values()
             .collect()
@@ -270,14 +275,14 @@ impl Object for FileRegistry {
 /// `shared`: a per-render map every template of the render can read and write. Writes and
 /// reads inside render units are recorded (see `units`).
 #[derive(Debug, Default)]
-pub struct Shared {
+pub(crate) struct Shared {
     values: Mutex<HashMap<String, Value>>,
     seen: Mutex<HashSet<String>>,
 }
 
 impl Shared {
     /// `first_seen`: true the first time a key is seen in this render.
-    pub fn first_seen(&self, key: String) -> bool {
+    pub(crate) fn first_seen(&self, key: String) -> bool {
         let fresh = !self.has_seen(&key);
         units::note_seen(&key, fresh);
         if fresh {
@@ -407,21 +412,21 @@ impl Object for Shared {
 /// `{% set x = x + [item] %}` in a loop copies the list every time (quadratic). Iterates,
 /// indexes and measures like a list. `shared.append(key, x)` keeps one under a shared key.
 #[derive(Debug, Default)]
-pub struct Collector {
+pub(crate) struct Collector {
     items: Mutex<Vec<Value>>,
     /// Set when the collector lives in `shared`: appends to it are effects units record.
     shared_key: Option<String>,
 }
 
 impl Collector {
-    pub fn shared(key: &str, items: Vec<Value>) -> Collector {
+    pub(crate) fn shared(key: &str, items: Vec<Value>) -> Collector {
         Collector {
             items: Mutex::new(items),
             shared_key: Some(key.to_string()),
         }
     }
 
-    pub fn snapshot(&self) -> Vec<Value> {
+    pub(crate) fn snapshot(&self) -> Vec<Value> {
         lock(&self.items).clone()
     }
 
@@ -494,17 +499,17 @@ pub struct StatusUpdate {
 }
 
 /// (apiVersion, kind, namespace, name)
-pub type StatusKey = (String, String, String, String);
+pub(crate) type StatusKey = (String, String, String, String);
 
 /// `status`: collects desired statuses; the last `set` for an object wins.
 #[derive(Debug, Default)]
-pub struct StatusCollector {
+pub(crate) struct StatusCollector {
     updates: Mutex<HashMap<StatusKey, serde_json::Value>>,
 }
 
 impl StatusCollector {
     /// The desired statuses, ordered by apiVersion, kind, namespace and name.
-    pub fn take(&self) -> Vec<StatusUpdate> {
+    pub(crate) fn take(&self) -> Vec<StatusUpdate> {
         let mut updates: Vec<_> = std::mem::take(&mut *lock(&self.updates))
             .into_iter()
             .collect();

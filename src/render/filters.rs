@@ -14,7 +14,7 @@ use super::glob::glob_match;
 
 /// Marks an error raised by `fail()`, whose message must reach users verbatim.
 #[derive(Debug)]
-pub struct FailMarker;
+pub(crate) struct FailMarker;
 
 impl std::fmt::Display for FailMarker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -289,7 +289,7 @@ fn sort_by(items: Value, keys: Value) -> Result<Value, Error> {
     ))
 }
 
-pub fn register(env: &mut Environment<'static>, snippet_names: Arc<[String]>) {
+pub(crate) fn register(env: &mut Environment<'static>, snippet_names: Arc<[String]>) {
     env.add_filter("dig", dig);
     env.add_function("dig", dig);
     env.add_filter("fallback", fallback);

@@ -1,6 +1,6 @@
 //! Shell-style glob matching (`*`, `?`, `[abc]`, `[a-z]`, `[!x]`) over template names.
 
-pub fn glob_match(pattern: &str, text: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, text: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let t: Vec<char> = text.chars().collect();
     // Iterative matcher with backtracking to the last `*` (linear in practice).

@@ -5,13 +5,13 @@
 //! sharing one `shared` map and one file registry. Any error aborts the whole render; the caller
 //! keeps its last good output.
 
-pub mod context;
+pub(crate) mod context;
 pub mod current_config;
-pub mod filters;
-pub mod glob;
-pub mod objects;
-pub mod safe;
-pub mod slots;
+pub(crate) mod filters;
+pub(crate) mod glob;
+pub(crate) mod objects;
+pub(crate) mod safe;
+pub(crate) mod slots;
 mod splice;
 pub mod units;
 

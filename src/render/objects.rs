@@ -14,7 +14,7 @@ use crate::store::Store;
 /// A node inside a shared, immutable JSON document. Exposing an object to a template costs
 /// nothing until a template touches a field, and the stored object is never copied.
 #[derive(Debug)]
-pub struct JsonNode {
+pub(crate) struct JsonNode {
     /// Keeps the document alive (and immutable: it is only ever shared) for `node`.
     root: Arc<serde_json::Value>,
     node: *const serde_json::Value,
@@ -27,7 +27,7 @@ unsafe impl Send for JsonNode {}
 unsafe impl Sync for JsonNode {}
 
 impl JsonNode {
-    pub fn value(root: Arc<serde_json::Value>) -> Value {
+    pub(crate) fn value(root: Arc<serde_json::Value>) -> Value {
         let node: *const serde_json::Value = &*root;
         json_to_value(&root, node)
     }
@@ -137,7 +137,7 @@ fn keys_from_args(args: &[Value]) -> Result<Vec<String>, Error> {
 
 /// One store as seen by templates: `list()`, `fetch(k1, …)`, `get(k1, …)`.
 #[derive(Debug)]
-pub struct StoreView {
+pub(crate) struct StoreView {
     pub name: String,
     pub store: Arc<Store>,
 }
@@ -236,12 +236,12 @@ impl Object for StoreView {
 
 /// `resources`: every watched store by name.
 #[derive(Debug)]
-pub struct Resources {
+pub(crate) struct Resources {
     pub stores: BTreeMap<String, Value>,
 }
 
 impl Resources {
-    pub fn new(stores: &BTreeMap<String, Arc<Store>>) -> Resources {
+    pub(crate) fn new(stores: &BTreeMap<String, Arc<Store>>) -> Resources {
         let stores = stores
             .iter()
             .map(|(name, store)| {

@@ -23,7 +23,7 @@ use minijinja::{Environment, Error, ErrorKind, Output, State};
 
 /// Marks an error as the refusal of a (tenant) value by a typed filter or `refuse()`.
 #[derive(Debug)]
-pub struct RefusalMarker;
+pub(crate) struct RefusalMarker;
 
 impl fmt::Display for RefusalMarker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -35,7 +35,7 @@ impl std::error::Error for RefusalMarker {}
 
 /// Marks an error of [`formatter`]: a template printed an unchecked value (a template bug).
 #[derive(Debug)]
-pub struct UnsafeOutputMarker;
+pub(crate) struct UnsafeOutputMarker;
 
 impl fmt::Display for UnsafeOutputMarker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -123,12 +123,12 @@ fn plain_offence(s: &str) -> Option<String> {
 /// True when `s` may be printed raw into haproxy.cfg or a map without a typed filter: only
 /// `[A-Za-z0-9_.:/@+=,*()[]!?&;~^|<>-]` and `%XX` escapes (no whitespace, `#`, quotes, backslash,
 /// braces, `$`, control or non-ASCII characters), at most 4096 of them. Empty is plain.
-pub fn is_plain(s: &str) -> bool {
+pub(crate) fn is_plain(s: &str) -> bool {
     plain_offence(s).is_none()
 }
 
 /// The secure default formatter (see the module documentation).
-pub fn formatter(out: &mut Output, _state: &mut State, value: &Value) -> Result<(), Error> {
+pub(crate) fn formatter(out: &mut Output, _state: &mut State, value: &Value) -> Result<(), Error> {
     if value.is_undefined() || value.is_none() {
         return Ok(());
     }
@@ -717,7 +717,7 @@ fn refuse(reason: &str, field: Option<&str>) -> Result<Value, Error> {
 }
 
 /// Registers every filter above, each also as a function, and the `refuse` function.
-pub fn register(env: &mut Environment<'static>) {
+pub(crate) fn register(env: &mut Environment<'static>) {
     macro_rules! both {
         ($($name:ident),*) => {
             $(env.add_filter(stringify!($name), $name); env.add_function(stringify!($name), $name);)*

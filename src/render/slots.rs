@@ -87,7 +87,7 @@ fn text(v: Option<&serde_json::Value>) -> &str {
 /// `server_lines(be_name, svc_ns, svc_name, svc_port, slots=N, default_slots=N, refuse=[CIDR, …])`:
 /// `slots` is a per-backend pool size from tenant data (1–1024, refused otherwise); without it
 /// `default_slots` (the admin's `server_slots`) applies.
-pub fn server_lines(
+pub(crate) fn server_lines(
     be_name: &str,
     svc_ns: &str,
     svc_name: &str,

@@ -389,7 +389,7 @@ pub(super) struct Scope {
 }
 
 impl Scope {
-    pub fn new(
+    pub(super) fn new(
         root: Value,
         shared: Arc<Shared>,
         status: Arc<StatusCollector>,

@@ -1,7 +1,7 @@
 //! The controller's HTTP surfaces: health and debug (8080), metrics (9090), and the admission
 //! webhook (9443, [`webhook`]). Debug endpoints answer loopback clients only (port-forward).
 
-pub mod webhook;
+pub(crate) mod webhook;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -58,7 +58,11 @@ fn json<T: serde::Serialize>(value: &T) -> String {
 }
 
 /// `/healthz`, `/readyz` and `/debug/*`.
-pub fn start_health(addr: &str, shared: Arc<Shared>, stop: Arc<AtomicBool>) -> Result<(), String> {
+pub(crate) fn start_health(
+    addr: &str,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+) -> Result<(), String> {
     serve(addr, "health", stop, move |request| {
         let path = request
             .url()
@@ -116,7 +120,11 @@ pub fn start_health(addr: &str, shared: Arc<Shared>, stop: Arc<AtomicBool>) -> R
 }
 
 /// `/metrics` in the Prometheus text format.
-pub fn start_metrics(addr: &str, metrics: Registry, stop: Arc<AtomicBool>) -> Result<(), String> {
+pub(crate) fn start_metrics(
+    addr: &str,
+    metrics: Registry,
+    stop: Arc<AtomicBool>,
+) -> Result<(), String> {
     serve(addr, "metrics", stop, move |request| {
         if request.url().split('?').next() == Some("/metrics") {
             reply(

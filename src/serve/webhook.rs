@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use haptic_agent::reload::Reloading;
 
+use haptic_agent::accept::{complete_handshake, ConnectionGate};
 use haptic_agent::http::{self, Limits, Response};
-use haptic_agent::server::{complete_handshake, ConnectionGate};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ServerConfig, ServerConnection, StreamOwned};
@@ -73,7 +73,7 @@ const MAX_PER_PEER: usize = 16;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 const IO_TIMEOUT: Duration = Duration::from_secs(15);
 
-pub fn start(
+pub(crate) fn start(
     addr: &str,
     cert_dir: &Path,
     shared: Arc<Shared>,

@@ -7,7 +7,7 @@
 //! client-side field selector applied).
 
 pub mod path;
-pub mod selector;
+pub(crate) mod selector;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt;

@@ -19,7 +19,7 @@ enum Requirement {
 
 /// A parsed Kubernetes label selector (`app=web,tier!=db,env in (a,b),!legacy`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct LabelSelector {
+pub(crate) struct LabelSelector {
     requirements: Vec<Requirement>,
     source: String,
 }
@@ -58,7 +58,7 @@ fn split_terms(text: &str) -> Vec<&str> {
 }
 
 impl LabelSelector {
-    pub fn parse(text: &str) -> Result<LabelSelector, String> {
+    pub(crate) fn parse(text: &str) -> Result<LabelSelector, String> {
         let mut requirements = Vec::new();
         if text.trim().is_empty() {
             return Ok(LabelSelector::default());
@@ -103,7 +103,7 @@ impl LabelSelector {
         })
     }
 
-    pub fn from_match_labels(labels: &BTreeMap<String, String>) -> LabelSelector {
+    pub(crate) fn from_match_labels(labels: &BTreeMap<String, String>) -> LabelSelector {
         let requirements = labels
             .iter()
             .map(|(k, v)| Requirement::Equals(k.clone(), v.clone()))
@@ -119,17 +119,17 @@ impl LabelSelector {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.requirements.is_empty()
     }
 
     /// The selector in the API server's query syntax.
-    pub fn as_query(&self) -> &str {
+    pub(crate) fn as_query(&self) -> &str {
         &self.source
     }
 
     /// Whether an object's `metadata.labels` satisfy every requirement.
-    pub fn matches(&self, object: &Value) -> bool {
+    pub(crate) fn matches(&self, object: &Value) -> bool {
         let labels = object
             .pointer("/metadata/labels")
             .and_then(Value::as_object);

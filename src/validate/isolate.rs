@@ -25,7 +25,7 @@ use crate::render::{Engine, Owner, RenderCache, RenderError, RenderInputs, Rende
 const MAX_EXCLUSIONS: usize = 16;
 
 #[derive(Debug)]
-pub enum Failure {
+pub(crate) enum Failure {
     Render(RenderError),
     /// `haproxy -c` rejected lines no object owns (or could not run).
     Check(CheckError),
@@ -44,7 +44,7 @@ impl std::error::Error for Failure {}
 
 /// A rendered configuration that passed `haproxy -c` (or needed no check).
 #[derive(Debug)]
-pub struct Validated {
+pub(crate) struct Validated {
     pub rendered: Rendered,
     pub bundle: Bundle,
     /// `haproxy -c` output (warnings) of the passing check, if one ran.
@@ -55,7 +55,7 @@ pub struct Validated {
 
 /// Renders through `cache`, asks `needs_check` whether the bundle must be checked, and checks
 /// it with `check`, leaving out objects whose configuration `haproxy -c` rejects.
-pub fn render_validated(
+pub(crate) fn render_validated(
     engine: &Engine,
     inputs: &RenderInputs,
     cache: &mut RenderCache,

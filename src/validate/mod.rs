@@ -3,5 +3,5 @@
 
 pub mod fixtures;
 pub mod haproxy;
-pub mod isolate;
-pub mod suite;
+pub(crate) mod isolate;
+pub(crate) mod suite;

@@ -21,11 +21,11 @@ use crate::config::Spec;
 use crate::render::current_config::CurrentConfig;
 use crate::render::{Engine, RenderInputs, Rendered};
 
-pub const GLOBAL_TEST: &str = "_global";
+pub(crate) const GLOBAL_TEST: &str = "_global";
 
 /// What an assertion looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Target {
+pub(crate) enum Target {
     HaproxyCfg,
     File(FileKind, String),
     RenderingError,
@@ -34,7 +34,7 @@ pub enum Target {
 }
 
 impl Target {
-    pub fn parse(text: &str) -> Result<Target, String> {
+    pub(crate) fn parse(text: &str) -> Result<Target, String> {
         match text {
             "" | "haproxy.cfg" => return Ok(Target::HaproxyCfg),
             "rendering_error" => return Ok(Target::RenderingError),
@@ -64,7 +64,7 @@ impl Target {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AssertionResult {
+pub(crate) struct AssertionResult {
     #[serde(rename = "type")]
     pub kind: String,
     pub description: String,
@@ -81,7 +81,7 @@ pub struct AssertionResult {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TestResult {
+pub(crate) struct TestResult {
     pub test_name: String,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub description: String,
@@ -96,7 +96,7 @@ pub struct TestResult {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct SuiteResult {
+pub(crate) struct SuiteResult {
     pub total_tests: usize,
     pub passed_tests: usize,
     pub failed_tests: usize,
@@ -105,13 +105,13 @@ pub struct SuiteResult {
 }
 
 impl SuiteResult {
-    pub fn all_passed(&self) -> bool {
+    pub(crate) fn all_passed(&self) -> bool {
         self.total_tests > 0 && self.failed_tests == 0
     }
 }
 
 /// Runs the named test, or every test (sorted by name) when `only` is `None`.
-pub fn run_suite(
+pub(crate) fn run_suite(
     spec: &Spec,
     engine: &Engine,
     haproxy_bin: &str,
