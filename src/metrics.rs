@@ -15,7 +15,7 @@ enum Kind {
 }
 
 #[derive(Debug, Clone, Default)]
-struct Histogram {
+struct Samples {
     counts: Vec<u64>,
     sum: f64,
     count: u64,
@@ -27,7 +27,7 @@ struct Family {
     kind: Kind,
     buckets: &'static [f64],
     values: BTreeMap<Labels, f64>,
-    histograms: BTreeMap<Labels, Histogram>,
+    histograms: BTreeMap<Labels, Samples>,
 }
 
 /// Duration buckets in seconds, from 1 ms to 60 s.
@@ -40,9 +40,10 @@ pub(crate) struct Registry {
     families: Arc<Mutex<BTreeMap<&'static str, Family>>>,
 }
 
-fn labels(pairs: &[(&str, &str)]) -> Labels {
-    let mut l: Labels = pairs
+fn labels<const N: usize>(names: &[&'static str; N], values: [&str; N]) -> Labels {
+    let mut l: Labels = names
         .iter()
+        .zip(values)
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     l.sort();
@@ -104,67 +105,77 @@ impl Registry {
         f(family)
     }
 
-    /// Declares a family so it is exported (with no samples) before its first use.
-    pub(crate) fn describe_counter(&self, metric: &Metric) {
+    /// Declares a counter so it is exported (with no samples) before its first use.
+    pub(crate) fn describe<const N: usize>(&self, metric: &Counter<N>) {
         self.with(metric.name, metric.help, Kind::Counter, &[], |_| ());
     }
 
-    pub(crate) fn inc(&self, metric: &Metric, pairs: &[(&str, &str)]) {
-        self.add(metric, pairs, 1.0);
-    }
-
-    pub(crate) fn add(&self, metric: &Metric, pairs: &[(&str, &str)], v: f64) {
+    pub(crate) fn inc<const N: usize>(&self, metric: &Counter<N>, values: [&str; N]) {
         self.with(metric.name, metric.help, Kind::Counter, &[], |f| {
-            *f.values.entry(labels(pairs)).or_insert(0.0) += v
+            *f.values
+                .entry(labels(&metric.labels, values))
+                .or_insert(0.0) += 1.0
         });
     }
 
-    pub(crate) fn set(&self, metric: &Metric, pairs: &[(&str, &str)], v: f64) {
+    pub(crate) fn set<const N: usize>(&self, metric: &Gauge<N>, values: [&str; N], v: f64) {
         self.with(metric.name, metric.help, Kind::Gauge, &[], |f| {
-            f.values.insert(labels(pairs), v);
+            f.values.insert(labels(&metric.labels, values), v);
         });
     }
 
-    /// Replaces every sample of a gauge family (for per-object gauges whose label sets change).
-    pub(crate) fn set_all(&self, metric: &Metric, samples: Vec<(Vec<(&str, &str)>, f64)>) {
+    /// Replaces every sample of a gauge (for per-object gauges whose label sets change).
+    pub(crate) fn set_all<const N: usize>(
+        &self,
+        metric: &Gauge<N>,
+        samples: Vec<([&str; N], f64)>,
+    ) {
         self.with(metric.name, metric.help, Kind::Gauge, &[], |f| {
             f.values = samples
-                .iter()
-                .map(|(pairs, v)| (labels(pairs), *v))
+                .into_iter()
+                .map(|(values, v)| (labels(&metric.labels, values), v))
                 .collect();
         });
     }
 
-    pub(crate) fn observe(
-        &self,
-        metric: &Metric,
-        buckets: &'static [f64],
-        pairs: &[(&str, &str)],
-        v: f64,
-    ) {
-        self.with(metric.name, metric.help, Kind::Histogram, buckets, |f| {
-            let h = f
-                .histograms
-                .entry(labels(pairs))
-                .or_insert_with(|| Histogram {
-                    counts: vec![0; f.buckets.len()],
-                    ..Default::default()
-                });
-            for (i, bound) in f.buckets.iter().enumerate() {
-                if v <= *bound {
-                    h.counts[i] += 1;
+    pub(crate) fn observe<const N: usize>(&self, metric: &Histogram<N>, values: [&str; N], v: f64) {
+        self.with(
+            metric.name,
+            metric.help,
+            Kind::Histogram,
+            metric.buckets,
+            |f| {
+                let h = f
+                    .histograms
+                    .entry(labels(&metric.labels, values))
+                    .or_insert_with(|| Samples {
+                        counts: vec![0; f.buckets.len()],
+                        ..Default::default()
+                    });
+                for (i, bound) in f.buckets.iter().enumerate() {
+                    if v <= *bound {
+                        h.counts[i] += 1;
+                    }
                 }
-            }
-            h.sum += v;
-            h.count += 1;
-        });
+                h.sum += v;
+                h.count += 1;
+            },
+        );
     }
 
     /// The value of a counter or gauge sample.
     #[cfg(test)]
-    pub(crate) fn value(&self, name: &str, pairs: &[(&str, &str)]) -> Option<f64> {
+    pub(crate) fn value<const N: usize>(
+        &self,
+        metric: &Gauge<N>,
+        values: [&str; N],
+    ) -> Option<f64> {
         let families = crate::lock(&self.families);
-        families.get(name)?.values.get(&labels(pairs)).copied()
+        families
+            .get(metric.name)?
+            .values
+            .get(&labels(&metric.labels, values))
+            .copied()
     }
 
     pub(crate) fn encode(&self) -> String {
@@ -262,97 +273,143 @@ impl Stage {
     }
 }
 
-/// A metric: name and help text, declared once in the catalogue below.
+/// A counter family: name, help text and label names, declared once in the catalogue below.
 #[derive(Debug)]
-pub(crate) struct Metric {
+pub(crate) struct Counter<const N: usize> {
     pub name: &'static str,
     pub help: &'static str,
+    pub labels: [&'static str; N],
 }
 
-// The catalogue: every family the controller exports (docs/operations.md lists them).
-pub(crate) const DRIFT_DETECTED_TOTAL: Metric = Metric {
+/// A gauge family.
+#[derive(Debug)]
+pub(crate) struct Gauge<const N: usize> {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub labels: [&'static str; N],
+}
+
+/// A histogram family with its buckets.
+#[derive(Debug)]
+pub(crate) struct Histogram<const N: usize> {
+    pub name: &'static str,
+    pub help: &'static str,
+    pub labels: [&'static str; N],
+    pub buckets: &'static [f64],
+}
+
+// The catalogue: every family the controller exports (docs/operations.md lists them). The type
+// says what may be done with a family (a counter is only incremented) and how many label values
+// each sample takes.
+pub(crate) const DRIFT_DETECTED_TOTAL: Counter<0> = Counter {
     name: "haptic_drift_detected_total",
     help: "Pods found running another bundle than the one deployed to them.",
+    labels: [],
 };
-pub(crate) const ADMITTED_PODS: Metric = Metric {
+pub(crate) const ADMITTED_PODS: Gauge<0> = Gauge {
     name: "haptic_admitted_pods",
     help: "HAProxy pods admitted for deployment.",
+    labels: [],
 };
-pub(crate) const DEPLOYMENT_TOTAL: Metric = Metric {
+pub(crate) const DEPLOYMENT_TOTAL: Counter<1> = Counter {
     name: "haptic_deployment_total",
     help: "Bundle pushes to HAProxy pods by result.",
+    labels: ["result"],
 };
-pub(crate) const DEPLOYMENT_ERRORS_TOTAL: Metric = Metric {
+pub(crate) const DEPLOYMENT_ERRORS_TOTAL: Counter<0> = Counter {
     name: "haptic_deployment_errors_total",
     help: "Failed bundle pushes to HAProxy pods.",
+    labels: [],
 };
-pub(crate) const DEPLOYMENT_DURATION_SECONDS: Metric = Metric {
+pub(crate) const DEPLOYMENT_DURATION_SECONDS: Histogram<0> = Histogram {
     name: "haptic_deployment_duration_seconds",
     help: "Time to push one bundle to the pods that needed it.",
+    labels: [],
+    buckets: DURATION_BUCKETS,
 };
-pub(crate) const CHANGE_TO_DEPLOYED_SECONDS: Metric = Metric {
+pub(crate) const CHANGE_TO_DEPLOYED_SECONDS: Histogram<0> = Histogram {
     name: "haptic_change_to_deployed_seconds",
     help: "From the first change seen to the bundle applied on every admitted pod.",
+    labels: [],
+    buckets: DURATION_BUCKETS,
 };
-pub(crate) const WEBHOOK_REQUESTS_TOTAL: Metric = Metric {
+pub(crate) const WEBHOOK_REQUESTS_TOTAL: Counter<1> = Counter {
     name: "haptic_webhook_requests_total",
     help: "Admission webhook requests by result.",
+    labels: ["result"],
 };
-pub(crate) const BUILD_INFO: Metric = Metric {
+pub(crate) const BUILD_INFO: Gauge<2> = Gauge {
     name: "haptic_build_info",
     help: "Build information.",
+    labels: ["version", "commit"],
 };
-pub(crate) const LEADER_ELECTION_IS_LEADER: Metric = Metric {
+pub(crate) const LEADER_ELECTION_IS_LEADER: Gauge<0> = Gauge {
     name: "haptic_leader_election_is_leader",
     help: "1 while this replica leads.",
+    labels: [],
 };
-pub(crate) const LEADER_ELECTION_TRANSITIONS_TOTAL: Metric = Metric {
+pub(crate) const LEADER_ELECTION_TRANSITIONS_TOTAL: Counter<0> = Counter {
     name: "haptic_leader_election_transitions_total",
     help: "Leadership changes of this replica.",
+    labels: [],
 };
-pub(crate) const CONFIG_ERRORS_TOTAL: Metric = Metric {
+pub(crate) const CONFIG_ERRORS_TOTAL: Counter<0> = Counter {
     name: "haptic_config_errors_total",
     help: "HAProxyTemplateConfig changes refused as invalid.",
+    labels: [],
 };
-pub(crate) const WATCH_RESTARTS_TOTAL: Metric = Metric {
+pub(crate) const WATCH_RESTARTS_TOTAL: Counter<1> = Counter {
     name: "haptic_watch_restarts_total",
     help: "Re-lists of a watched resource (410, errors, broken watches).",
+    labels: ["resource"],
 };
-pub(crate) const WATCH_EVENTS_TOTAL: Metric = Metric {
+pub(crate) const WATCH_EVENTS_TOTAL: Counter<1> = Counter {
     name: "haptic_watch_events_total",
     help: "Changes received per watched resource.",
+    labels: ["resource"],
 };
-pub(crate) const RESOURCE_OBJECTS: Metric = Metric {
+pub(crate) const RESOURCE_OBJECTS: Gauge<1> = Gauge {
     name: "haptic_resource_objects",
     help: "Objects held per watched resource.",
+    labels: ["type"],
 };
-pub(crate) const RECONCILIATION_TOTAL: Metric = Metric {
+pub(crate) const RECONCILIATION_TOTAL: Counter<0> = Counter {
     name: "haptic_reconciliation_total",
     help: "Reconciliations (render, and validation when needed).",
+    labels: [],
 };
-pub(crate) const VALIDATION_DURATION_SECONDS: Metric = Metric {
+pub(crate) const VALIDATION_DURATION_SECONDS: Histogram<0> = Histogram {
     name: "haptic_validation_duration_seconds",
     help: "Time of haproxy -c on a rendered bundle.",
+    labels: [],
+    buckets: DURATION_BUCKETS,
 };
-pub(crate) const RENDER_DURATION_SECONDS: Metric = Metric {
+pub(crate) const RENDER_DURATION_SECONDS: Histogram<0> = Histogram {
     name: "haptic_render_duration_seconds",
     help: "Time to render every template once.",
+    labels: [],
+    buckets: DURATION_BUCKETS,
 };
-pub(crate) const DROPPED_OBJECTS: Metric = Metric {
+pub(crate) const DROPPED_OBJECTS: Gauge<0> = Gauge {
     name: "haptic_dropped_objects",
     help: "Objects left out of the configuration (refused values, failed checks).",
+    labels: [],
 };
-pub(crate) const RECONCILIATION_DURATION_SECONDS: Metric = Metric {
+pub(crate) const RECONCILIATION_DURATION_SECONDS: Histogram<0> = Histogram {
     name: "haptic_reconciliation_duration_seconds",
     help: "Time of one reconciliation.",
+    labels: [],
+    buckets: DURATION_BUCKETS,
 };
-pub(crate) const CONFIG_BYTES: Metric = Metric {
+pub(crate) const CONFIG_BYTES: Gauge<0> = Gauge {
     name: "haptic_config_bytes",
     help: "Size of the rendered haproxy.cfg.",
+    labels: [],
 };
-pub(crate) const RECONCILIATION_ERRORS_TOTAL: Metric = Metric {
+pub(crate) const RECONCILIATION_ERRORS_TOTAL: Counter<1> = Counter {
     name: "haptic_reconciliation_errors_total",
     help: "Reconciliations that failed, by stage (render, validate).",
+    labels: ["stage"],
 };
 
 #[cfg(test)]
@@ -362,13 +419,10 @@ mod tests {
     #[test]
     fn encodes_counters_gauges_histograms() {
         let r = Registry::default();
-        r.inc(&RECONCILIATION_TOTAL, &[]);
-        r.inc(
-            &WATCH_EVENTS_TOTAL,
-            &[("resource", "ingresses"), ("type", "ADDED")],
-        );
-        r.set(&LEADER_ELECTION_IS_LEADER, &[], 1.0);
-        r.observe(&RENDER_DURATION_SECONDS, DURATION_BUCKETS, &[], 0.02);
+        r.inc(&RECONCILIATION_TOTAL, []);
+        r.inc(&WATCH_EVENTS_TOTAL, ["ingresses"]);
+        r.set(&LEADER_ELECTION_IS_LEADER, [], 1.0);
+        r.observe(&RENDER_DURATION_SECONDS, [], 0.02);
         let text = r.encode();
         assert!(
             text.contains(
@@ -377,7 +431,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("haptic_watch_events_total{resource=\"ingresses\",type=\"ADDED\"} 1"),
+            text.contains("haptic_watch_events_total{resource=\"ingresses\"} 1"),
             "{text}"
         );
         assert!(
@@ -393,6 +447,6 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("process_resident_memory_bytes "), "{text}");
-        assert_eq!(r.value("haptic_leader_election_is_leader", &[]), Some(1.0));
+        assert_eq!(r.value(&LEADER_ELECTION_IS_LEADER, []), Some(1.0));
     }
 }

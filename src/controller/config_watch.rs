@@ -169,7 +169,7 @@ impl ConfigWatcher {
             .record(format!("config generation {generation} invalid: {error}"));
         self.shared
             .metrics
-            .inc(&crate::metrics::CONFIG_ERRORS_TOTAL, &[]);
+            .inc(&crate::metrics::CONFIG_ERRORS_TOTAL, []);
         if self.active.is_none() {
             self.shared
                 .set_phase(format!("{source} is invalid: see its status"));

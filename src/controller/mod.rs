@@ -360,27 +360,21 @@ pub fn run(opts: Options) -> Result<(), String> {
 /// The controller's registry with every metric that must show before its first event.
 fn controller_metrics() -> Registry {
     let metrics = Registry::default();
+    use crate::metrics::*;
     metrics.set(
-        &crate::metrics::BUILD_INFO,
-        &[
-            ("version", env!("CARGO_PKG_VERSION")),
-            ("commit", env!("HAPTIC_GIT_COMMIT")),
-        ],
+        &BUILD_INFO,
+        [env!("CARGO_PKG_VERSION"), env!("HAPTIC_GIT_COMMIT")],
         1.0,
     );
-    for metric in [
-        &crate::metrics::RECONCILIATION_TOTAL,
-        &crate::metrics::RECONCILIATION_ERRORS_TOTAL,
-        &crate::metrics::LEADER_ELECTION_TRANSITIONS_TOTAL,
-        &crate::metrics::WEBHOOK_REQUESTS_TOTAL,
-        &crate::metrics::DEPLOYMENT_TOTAL,
-        &crate::metrics::DEPLOYMENT_ERRORS_TOTAL,
-        &crate::metrics::CONFIG_ERRORS_TOTAL,
-    ] {
-        metrics.describe_counter(metric);
-    }
-    metrics.set(&crate::metrics::LEADER_ELECTION_IS_LEADER, &[], 0.0);
-    metrics.set(&crate::metrics::ADMITTED_PODS, &[], 0.0);
+    metrics.describe(&RECONCILIATION_TOTAL);
+    metrics.describe(&RECONCILIATION_ERRORS_TOTAL);
+    metrics.describe(&LEADER_ELECTION_TRANSITIONS_TOTAL);
+    metrics.describe(&WEBHOOK_REQUESTS_TOTAL);
+    metrics.describe(&DEPLOYMENT_TOTAL);
+    metrics.describe(&DEPLOYMENT_ERRORS_TOTAL);
+    metrics.describe(&CONFIG_ERRORS_TOTAL);
+    metrics.set(&crate::metrics::LEADER_ELECTION_IS_LEADER, [], 0.0);
+    metrics.set(&crate::metrics::ADMITTED_PODS, [], 0.0);
     metrics
 }
 
@@ -391,10 +385,10 @@ fn leadership_changed(event: &LeaderEvent, shared: &Shared, ch: &Channels) {
     let metrics = &shared.metrics;
     metrics.set(
         &crate::metrics::LEADER_ELECTION_IS_LEADER,
-        &[],
+        [],
         if leading { 1.0 } else { 0.0 },
     );
-    metrics.inc(&crate::metrics::LEADER_ELECTION_TRANSITIONS_TOTAL, &[]);
+    metrics.inc(&crate::metrics::LEADER_ELECTION_TRANSITIONS_TOTAL, []);
     shared.record(if leading {
         "leader gained"
     } else {

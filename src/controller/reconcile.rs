@@ -16,7 +16,7 @@ use super::watchers::Watchers;
 use crate::config::model::HAPROXY_PODS;
 use crate::deploy::{DeployMsg, Published};
 use crate::kube::reflector::ReflectorEvent;
-use crate::metrics::{Stage, DURATION_BUCKETS};
+use crate::metrics::Stage;
 use crate::render::current_config::CurrentConfig;
 use crate::render::{RenderCache, RenderInputs};
 use crate::validate::haproxy::check_bundle;
@@ -109,14 +109,14 @@ impl Reconciler {
             ReflectorEvent::Relisted { name, reason } => {
                 self.shared
                     .metrics
-                    .inc(&crate::metrics::WATCH_RESTARTS_TOTAL, &[("resource", name)]);
+                    .inc(&crate::metrics::WATCH_RESTARTS_TOTAL, [name]);
                 log::debug!("resource={name} relisted: {reason}");
                 name.clone()
             }
         };
         self.shared
             .metrics
-            .inc(&crate::metrics::WATCH_EVENTS_TOTAL, &[("resource", &name)]);
+            .inc(&crate::metrics::WATCH_EVENTS_TOTAL, [&name]);
         if name == HAPROXY_PODS {
             if let Some(pods) = lock(&self.watchers).store(HAPROXY_PODS) {
                 let _ = self
@@ -165,7 +165,7 @@ impl Reconciler {
             &crate::metrics::RESOURCE_OBJECTS,
             stores
                 .iter()
-                .map(|(n, st)| (vec![("type", n.as_str())], st.len() as f64))
+                .map(|(n, st)| ([n.as_str()], st.len() as f64))
                 .collect(),
         );
         self.shared.set_phase("running");
@@ -181,7 +181,7 @@ impl Reconciler {
     ) {
         let metrics = &self.shared.metrics;
         let started = Instant::now();
-        metrics.inc(&crate::metrics::RECONCILIATION_TOTAL, &[]);
+        metrics.inc(&crate::metrics::RECONCILIATION_TOTAL, []);
         let inputs = RenderInputs {
             stores,
             extra_context: config.spec.templating_settings.extra_context.clone(),
@@ -209,8 +209,7 @@ impl Reconciler {
             let result = check_bundle(&haproxy_bin, bundle);
             metrics.observe(
                 &crate::metrics::VALIDATION_DURATION_SECONDS,
-                DURATION_BUCKETS,
-                &[],
+                [],
                 check_started.elapsed().as_secs_f64(),
             );
             result
@@ -225,8 +224,7 @@ impl Reconciler {
         );
         metrics.observe(
             &crate::metrics::RENDER_DURATION_SECONDS,
-            DURATION_BUCKETS,
-            &[],
+            [],
             render_started.elapsed().as_secs_f64(),
         );
         let validated = match validated {
@@ -243,7 +241,7 @@ impl Reconciler {
         let bundle = validated.bundle;
         metrics.set(
             &crate::metrics::DROPPED_OBJECTS,
-            &[],
+            [],
             rendered.dropped.len() as f64,
         );
         let _ = self
@@ -289,13 +287,12 @@ impl Reconciler {
         let metrics = &self.shared.metrics;
         metrics.observe(
             &crate::metrics::RECONCILIATION_DURATION_SECONDS,
-            DURATION_BUCKETS,
-            &[],
+            [],
             started.elapsed().as_secs_f64(),
         );
         metrics.set(
             &crate::metrics::CONFIG_BYTES,
-            &[],
+            [],
             bundle.haproxy_cfg.len() as f64,
         );
         let mut render = lock(&self.shared.render);
@@ -316,14 +313,10 @@ impl Reconciler {
     fn failed(&self, _s: &mut Loop, stage: Stage, error: String, started: Instant) {
         let stage = stage.as_str();
         let metrics = &self.shared.metrics;
-        metrics.inc(
-            &crate::metrics::RECONCILIATION_ERRORS_TOTAL,
-            &[("stage", stage)],
-        );
+        metrics.inc(&crate::metrics::RECONCILIATION_ERRORS_TOTAL, [stage]);
         metrics.observe(
             &crate::metrics::RECONCILIATION_DURATION_SECONDS,
-            DURATION_BUCKETS,
-            &[],
+            [],
             started.elapsed().as_secs_f64(),
         );
         log::error!("{stage} failed; keeping the last good configuration: {error}");

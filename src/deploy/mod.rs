@@ -14,7 +14,7 @@ use haptic_agent::protocol::{api, AgentState, ApplyResponse, Bundle, BundleHash,
 use serde::Serialize;
 
 use crate::kube::lease::Leadership;
-use crate::metrics::{Registry, DURATION_BUCKETS};
+use crate::metrics::Registry;
 use agent_client::AgentClient;
 use plan::{AgentView, Note, Outcome, Planner, PushPlan};
 use pods::PodTarget;
@@ -237,7 +237,7 @@ impl Deployer {
             self.report(&key, note);
         }
         self.metrics
-            .set(&crate::metrics::ADMITTED_PODS, &[], plan.admitted() as f64);
+            .set(&crate::metrics::ADMITTED_PODS, [], plan.admitted() as f64);
 
         let (published, epoch, due) = match plan.pushes(epoch, min_interval, Instant::now()) {
             PushPlan::Nothing => return plan.next_wake(plan::IDLE, Instant::now()),
@@ -274,8 +274,7 @@ impl Deployer {
         let elapsed = started.elapsed();
         self.metrics.observe(
             &crate::metrics::DEPLOYMENT_DURATION_SECONDS,
-            DURATION_BUCKETS,
-            &[],
+            [],
             elapsed.as_secs_f64(),
         );
         let everywhere = plan.everywhere(hash);
@@ -283,8 +282,7 @@ impl Deployer {
             let latency = published.first_change.elapsed();
             self.metrics.observe(
                 &crate::metrics::CHANGE_TO_DEPLOYED_SECONDS,
-                DURATION_BUCKETS,
-                &[],
+                [],
                 latency.as_secs_f64(),
             );
             log::info!(
@@ -313,12 +311,12 @@ impl Deployer {
             }
             Note::Drift { expected, runs } => {
                 log::warn!("pod={key} drift: runs {runs:?}, expected {expected:?}; re-pushing");
-                self.metrics.inc(&crate::metrics::DRIFT_DETECTED_TOTAL, &[]);
+                self.metrics.inc(&crate::metrics::DRIFT_DETECTED_TOTAL, []);
             }
             Note::Refused(why) => log::warn!("pod={key} not admitted: {why}"),
             Note::Applied { result } => {
                 self.metrics
-                    .inc(&crate::metrics::DEPLOYMENT_TOTAL, &[("result", &result)]);
+                    .inc(&crate::metrics::DEPLOYMENT_TOTAL, [&result]);
             }
             Note::Stale { current } => {
                 log::info!("pod={key} runs {current:?}, not the bundle we assumed; retrying with it as base")
@@ -329,9 +327,9 @@ impl Deployer {
             Note::Failed(error) => {
                 log::warn!("pod={key} deploy failed: {error}");
                 self.metrics
-                    .inc(&crate::metrics::DEPLOYMENT_ERRORS_TOTAL, &[]);
+                    .inc(&crate::metrics::DEPLOYMENT_ERRORS_TOTAL, []);
                 self.metrics
-                    .inc(&crate::metrics::DEPLOYMENT_TOTAL, &[("result", "error")]);
+                    .inc(&crate::metrics::DEPLOYMENT_TOTAL, ["error"]);
             }
         }
     }

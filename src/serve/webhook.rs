@@ -193,10 +193,9 @@ impl Webhook {
             Err(Denial::Invalid(m)) => ("denied", false, m.clone()),
             Err(Denial::Error(m)) => ("error", true, m.clone()),
         };
-        self.shared.metrics.inc(
-            &crate::metrics::WEBHOOK_REQUESTS_TOTAL,
-            &[("result", result)],
-        );
+        self.shared
+            .metrics
+            .inc(&crate::metrics::WEBHOOK_REQUESTS_TOTAL, [result]);
         log::info!(
             "webhook {} {}/{} {result} in {} ms",
             request
