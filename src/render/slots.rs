@@ -24,6 +24,7 @@ use std::sync::Arc;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
+use super::current_config::Server;
 use super::units::{self, StoreMethod};
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -94,32 +95,9 @@ pub(crate) fn server_lines(
     svc_port: Value,
     options: Kwargs,
 ) -> Result<Value, Error> {
-    let slots: Option<Value> = options
-        .get::<Option<Value>>("slots")?
-        .filter(|v| !v.is_undefined() && !v.is_none());
-    let default_slots: Option<Value> = options.get("default_slots")?;
+    let slots_min = pool_size(&options)?;
     let refuse_ranges: Option<Value> = options.get("refuse")?;
     options.assert_all_used()?;
-    let slots_min = match slots {
-        Some(v) => {
-            let n = i64::try_from(v.clone())
-                .ok()
-                .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()));
-            match n {
-                Some(n) if (1..=1024).contains(&n) => n as usize,
-                _ => {
-                    return Err(invalid(format!(
-                    "server pool size (scale-server-slots): {v:?} is not an integer from 1 to 1024"
-                ))
-                    .with_source(super::safe::RefusalMarker))
-                }
-            }
-        }
-        None => default_slots
-            .and_then(|v| i64::try_from(v).ok())
-            .unwrap_or(10)
-            .clamp(1, 65536) as usize,
-    };
     for (what, v) in [
         ("backend", be_name),
         ("namespace", svc_ns),
@@ -132,11 +110,6 @@ pub(crate) fn server_lines(
             .with_source(super::safe::RefusalMarker));
         }
     }
-    let port_text = if super::safe::is_plain(&svc_port.to_string()) {
-        svc_port.to_string()
-    } else {
-        "?".to_string()
-    };
     let ranges: Vec<Range> = match refuse_ranges {
         Some(v) if !v.is_undefined() && !v.is_none() => v
             .try_iter()?
@@ -160,29 +133,10 @@ pub(crate) fn server_lines(
     })
     .ok_or_else(|| invalid("server_lines() can only be used while rendering"))?;
 
-    // The Service port: by number, or by name.
-    let by_number = match svc_port.kind() {
-        ValueKind::Number => i64::try_from(svc_port.clone()).ok(),
-        _ => None,
-    };
-    let by_name = svc_port.as_str();
-    let port_name: Option<String> = service.as_ref().and_then(|svc| {
-        svc.pointer("/spec/ports")?
-            .as_array()?
-            .iter()
-            .find(|p| match (by_number, by_name) {
-                (Some(n), _) => p.get("port").and_then(serde_json::Value::as_i64) == Some(n),
-                (None, Some(name)) => {
-                    p.get("name").and_then(serde_json::Value::as_str) == Some(name)
-                }
-                _ => false,
-            })
-            .map(|p| text(p.get("name")).to_string())
-    });
-
-    let mut endpoints: Vec<String> = Vec::new();
-    let (mut bad_addrs, mut bad_ports) = (0, 0);
-    let mut refused: Vec<IpAddr> = Vec::new();
+    let port_name = service
+        .as_deref()
+        .and_then(|svc| service_port_name(svc, &svc_port));
+    let mut endpoints = Endpoints::default();
     if let Some(port_name) = &port_name {
         let found: Vec<Arc<serde_json::Value>> = slices
             .as_ref()
@@ -190,7 +144,95 @@ pub(crate) fn server_lines(
             .unwrap_or_default();
         let version = slices.as_ref().map_or(0, |s| s.version());
         units::note_store_read("endpoints", version, StoreMethod::Fetch, &keys, &found);
-        for slice in &found {
+        endpoints = Endpoints::collect(&found, port_name, &ranges);
+    }
+
+    let running = current.as_ref().and_then(|c| c.backend(be_name)).cloned();
+    units::note_current_read(be_name, running.as_ref());
+    let running = running.map(|b| b.servers).unwrap_or_default();
+    let slots = assign_slots(&endpoints.keys, &running, slots_min);
+
+    let mut out = String::with_capacity(40 * slots.len() + 80);
+    if service.is_none() {
+        out.push_str(&format!(
+            "\n  # service {svc_ns}/{svc_name} not found: every slot is a placeholder"
+        ));
+    } else if port_name.is_none() {
+        let port_text = if super::safe::is_plain(&svc_port.to_string()) {
+            svc_port.to_string()
+        } else {
+            "?".to_string()
+        };
+        out.push_str(&format!(
+            "\n  # service {svc_ns}/{svc_name} has no port {port_text}: every slot is a placeholder"
+        ));
+    }
+    endpoints.write_notes(&mut out);
+    write_servers(&mut out, &slots);
+    Ok(Value::from_safe_string(out))
+}
+
+/// The pool's smallest size: `slots` (a tenant's value, 1 to 1024, refused otherwise), else
+/// `default_slots` (the installation's), else 10.
+fn pool_size(options: &Kwargs) -> Result<usize, Error> {
+    let slots: Option<Value> = options
+        .get::<Option<Value>>("slots")?
+        .filter(|v| !v.is_undefined() && !v.is_none());
+    let default_slots: Option<Value> = options.get("default_slots")?;
+    Ok(match slots {
+        Some(v) => {
+            let n = i64::try_from(v.clone())
+                .ok()
+                .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()));
+            match n {
+                Some(n) if (1..=1024).contains(&n) => n as usize,
+                _ => {
+                    return Err(invalid(format!(
+                    "server pool size (scale-server-slots): {v:?} is not an integer from 1 to 1024"
+                ))
+                    .with_source(super::safe::RefusalMarker))
+                }
+            }
+        }
+        None => default_slots
+            .and_then(|v| i64::try_from(v).ok())
+            .unwrap_or(10)
+            .clamp(1, 65536) as usize,
+    })
+}
+
+/// The name of the Service port the template asked for, by number or by name.
+fn service_port_name(service: &serde_json::Value, wanted: &Value) -> Option<String> {
+    let by_number = match wanted.kind() {
+        ValueKind::Number => i64::try_from(wanted.clone()).ok(),
+        _ => None,
+    };
+    let by_name = wanted.as_str();
+    service
+        .pointer("/spec/ports")?
+        .as_array()?
+        .iter()
+        .find(|p| match (by_number, by_name) {
+            (Some(n), _) => p.get("port").and_then(serde_json::Value::as_i64) == Some(n),
+            (None, Some(name)) => p.get("name").and_then(serde_json::Value::as_str) == Some(name),
+            _ => false,
+        })
+        .map(|p| text(p.get("name")).to_string())
+}
+
+/// The ready endpoints of a Service port, as sorted `address|port` keys, and what was left out.
+#[derive(Debug, Default)]
+struct Endpoints {
+    keys: Vec<String>,
+    bad_addrs: usize,
+    bad_ports: usize,
+    refused: Vec<IpAddr>,
+}
+
+impl Endpoints {
+    fn collect(slices: &[Arc<serde_json::Value>], port_name: &str, refuse: &[Range]) -> Endpoints {
+        let mut out = Endpoints::default();
+        for slice in slices {
             if text(slice.get("addressType")) == "FQDN" {
                 continue;
             }
@@ -208,7 +250,7 @@ pub(crate) fn server_lines(
                 .and_then(serde_json::Value::as_u64)
                 .filter(|p| (1..=65535).contains(p))
             else {
-                bad_ports += 1;
+                out.bad_ports += 1;
                 continue;
             };
             for ep in slice
@@ -226,30 +268,58 @@ pub(crate) fn server_lines(
                     .into_iter()
                     .flatten()
                 {
-                    let Some(ip) = addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()) else {
-                        bad_addrs += 1;
-                        continue;
-                    };
-                    if ranges.iter().any(|r| r.contains(&ip)) {
-                        if !refused.contains(&ip) {
-                            refused.push(ip);
-                        }
-                        continue;
-                    }
-                    // The address as written when it is canonical, so keys match current_config.
-                    let key = format!("{ip}|{port}");
-                    if !endpoints.contains(&key) {
-                        endpoints.push(key);
-                    }
+                    out.add(addr, port, refuse);
                 }
             }
         }
+        out.keys.sort();
+        out
     }
-    endpoints.sort();
 
-    let running = current.as_ref().and_then(|c| c.backend(be_name)).cloned();
-    units::note_current_read(be_name, running.as_ref());
-    let running = running.map(|b| b.servers).unwrap_or_default();
+    fn add(&mut self, addr: &serde_json::Value, port: u64, refuse: &[Range]) {
+        let Some(ip) = addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()) else {
+            self.bad_addrs += 1;
+            return;
+        };
+        if refuse.iter().any(|r| r.contains(&ip)) {
+            if !self.refused.contains(&ip) {
+                self.refused.push(ip);
+            }
+            return;
+        }
+        // The address as written when it is canonical, so keys match current_config.
+        let key = format!("{ip}|{port}");
+        if !self.keys.contains(&key) {
+            self.keys.push(key);
+        }
+    }
+
+    /// Comments for what was left out.
+    fn write_notes(&self, out: &mut String) {
+        if self.bad_addrs > 0 {
+            out.push_str(&format!(
+                "\n  # {} endpoint address(es) left out: not an IPv4/IPv6 address",
+                self.bad_addrs
+            ));
+        }
+        if self.bad_ports > 0 {
+            out.push_str(&format!(
+                "\n  # {} EndpointSlice(s) left out: port not in 1-65535",
+                self.bad_ports
+            ));
+        }
+        for ip in &self.refused {
+            out.push_str(&format!(
+                "\n  # endpoint {ip} refused by refuse_endpoint_ranges"
+            ));
+        }
+    }
+}
+
+/// Slot `n` (1-based; index 0 unused) → the endpoint key it serves. The pool is `slots_min`
+/// doubled until the endpoints fit, never smaller than what runs; endpoints keep the slot they
+/// run in, the others fill free slots in order.
+fn assign_slots(endpoints: &[String], running: &[Server], slots_min: usize) -> Vec<Option<String>> {
     let mut pool = slots_min;
     for _ in 0..24 {
         if pool < endpoints.len() {
@@ -258,7 +328,6 @@ pub(crate) fn server_lines(
     }
     pool = pool.max(running.len());
 
-    // Endpoints keep their running slot.
     let mut slots: Vec<Option<String>> = vec![None; pool + 1];
     let mut kept = std::collections::HashSet::new();
     for s in running.iter().filter(|s| s.enabled) {
@@ -282,38 +351,21 @@ pub(crate) fn server_lines(
         }
     }
     let mut free = endpoints.iter().filter(|k| !kept.contains(*k));
+    for slot in slots.iter_mut().skip(1) {
+        if slot.is_none() {
+            *slot = free.next().cloned();
+        }
+    }
+    slots
+}
 
-    let mut out = String::with_capacity(40 * pool + 80);
-    if service.is_none() {
-        out.push_str(&format!(
-            "\n  # service {svc_ns}/{svc_name} not found: every slot is a placeholder"
-        ));
-    } else if port_name.is_none() {
-        out.push_str(&format!(
-            "\n  # service {svc_ns}/{svc_name} has no port {port_text}: every slot is a placeholder"
-        ));
-    }
-    if bad_addrs > 0 {
-        out.push_str(&format!(
-            "\n  # {bad_addrs} endpoint address(es) left out: not an IPv4/IPv6 address"
-        ));
-    }
-    if bad_ports > 0 {
-        out.push_str(&format!(
-            "\n  # {bad_ports} EndpointSlice(s) left out: port not in 1-65535"
-        ));
-    }
-    for ip in &refused {
-        out.push_str(&format!(
-            "\n  # endpoint {ip} refused by refuse_endpoint_ranges"
-        ));
-    }
+/// One `server` line per slot: the endpoint, or a disabled placeholder.
+fn write_servers(out: &mut String, slots: &[Option<String>]) {
     for (i, slot) in slots.iter().enumerate().skip(1) {
-        let key = slot.clone().or_else(|| free.next().cloned());
-        match key {
+        match slot {
             None => out.push_str(&format!("\n  server SRV_{i} 127.0.0.1:1 disabled")),
             Some(key) => {
-                let (addr, port) = key.split_once('|').unwrap_or((&key, ""));
+                let (addr, port) = key.split_once('|').unwrap_or((key, ""));
                 if addr.contains(':') {
                     out.push_str(&format!("\n  server SRV_{i} [{addr}]:{port} enabled"));
                 } else {
@@ -322,7 +374,6 @@ pub(crate) fn server_lines(
             }
         }
     }
-    Ok(Value::from_safe_string(out))
 }
 
 #[cfg(test)]
