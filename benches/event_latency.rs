@@ -1,6 +1,10 @@
-//! Event-to-traffic latency (run by `scripts/bench.sh latency`): with 1,000 Ingresses loaded,
-//! the time from an API write to a request through HAProxy reaching the new endpoint — for
-//! EndpointSlice changes (runtime class, no reload) and for new routes (reload class).
+//! Event-to-traffic latency (run by `scripts/bench.sh latency [N…]`): with N Ingresses loaded
+//! (`BENCH_INGRESSES`, default 1,000), the time from an API write to a request through HAProxy
+//! reaching the new endpoint — for EndpointSlice changes (runtime class, no reload) and for new
+//! routes (reload class) — first with a warm standby controller running beside the leader, then
+//! with the standby stopped (on this 2-core machine the standby shares the leader's cores, which
+//! a cluster would not do). Then a burst: 1,000 EndpointSlice updates sent within about a
+//! second, with the time until they are all served, and the renders and reloads they cost.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -94,36 +98,107 @@ fn main() {
         warmup.elapsed().as_secs_f64()
     );
 
-    // Runtime class: move the endpoint between two backends with one EndpointSlice update.
     let slices = ResourceRef::new("discovery.k8s.io/v1", "endpointslices", true);
-    let mut runtime = Vec::new();
-    for i in 0..changes {
-        let (target, name) = if i % 2 == 0 { (&b, "b") } else { (&a, "a") };
-        let started = Instant::now();
-        let patch = json!({"ports": [{"name": "http", "port": target.port, "protocol": "TCP"}]});
-        c.client
-            .merge_patch(&slices, Some(NS), "web-slice-0", &patch)
-            .unwrap();
-        wait(&c, "web.example.com", name);
-        runtime.push(started.elapsed());
-    }
-    report("endpointslice_change (runtime)", runtime);
+    let phase = |standby: &str, c: &Cluster, offset: usize| {
+        // Runtime class: move the endpoint between two backends with one EndpointSlice update.
+        let mut runtime = Vec::new();
+        for i in 0..changes {
+            let (target, name) = if i % 2 == 0 { (&b, "b") } else { (&a, "a") };
+            let started = Instant::now();
+            let patch =
+                json!({"ports": [{"name": "http", "port": target.port, "protocol": "TCP"}]});
+            c.client
+                .merge_patch(&slices, Some(NS), "web-slice-0", &patch)
+                .unwrap();
+            wait(c, "web.example.com", name);
+            runtime.push(started.elapsed());
+        }
+        report(
+            &format!("endpointslice_change (runtime) ingresses={ingresses} standby={standby}"),
+            runtime,
+        );
+        // Reload class: a new Ingress for a new Service adds a backend.
+        let mut reload = Vec::new();
+        for i in offset..offset + changes.min(30) {
+            let svc = format!("new-{i}");
+            c.create_service(&svc, &[&a]);
+            let started = Instant::now();
+            c.client
+                .create(
+                    &ingress_res,
+                    Some(NS),
+                    &ing(&svc, &format!("{svc}.example.com"), &svc),
+                )
+                .unwrap();
+            wait(c, &format!("{svc}.example.com"), "a");
+            reload.push(started.elapsed());
+        }
+        report(
+            &format!("new_route (reload) ingresses={ingresses} standby={standby}"),
+            reload,
+        );
+    };
+    phase("running", &c, 0);
 
-    // Reload class: a new Ingress for a new Service adds a backend.
-    let mut reload = Vec::new();
-    for i in 0..changes.min(30) {
-        let svc = format!("new-{i}");
-        c.create_service(&svc, &[&a]);
-        let started = Instant::now();
-        c.client
-            .create(
-                &ingress_res,
-                Some(NS),
-                &ing(&svc, &format!("{svc}.example.com"), &svc),
-            )
-            .unwrap();
-        wait(&c, &format!("{svc}.example.com"), "a");
-        reload.push(started.elapsed());
+    // The burst: the EndpointSlices of up to 1,000 Services move from a closed port to backend
+    // a, sent by four writers at once.
+    let leader = c.leader_index().expect("a leader");
+    let counters = |c: &Cluster| {
+        let ctrl = &c.controllers[leader];
+        let text = ctrl
+            .get(ctrl.metrics_port, "/metrics")
+            .map(|(_, t)| t)
+            .unwrap_or_default();
+        (
+            sample(&text, "haptic_reconciliation_total "),
+            sample(&text, "haptic_deployment_total{result=\"reload\"} "),
+        )
+    };
+    let burst = ingresses.min(1000);
+    let (renders_before, reloads_before) = counters(&c);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for w in 0..4 {
+            let (client, slices) = (c.client.clone(), &slices);
+            let port = a.port;
+            scope.spawn(move || {
+                for i in (w..burst).step_by(4) {
+                    let patch =
+                        json!({"ports": [{"name": "http", "port": port, "protocol": "TCP"}]});
+                    client
+                        .merge_patch(slices, Some(NS), &format!("svc-{i}-0"), &patch)
+                        .unwrap();
+                }
+            });
+        }
+    });
+    let sent = started.elapsed();
+    // Bundles are cumulative: once the last Services answer, every earlier change is served.
+    for i in [0, burst / 2, burst - 4, burst - 3, burst - 2, burst - 1] {
+        wait(&c, &format!("h{i}.example.com"), "a");
     }
-    report("new_route (reload)", reload);
+    let settled = started.elapsed();
+    std::thread::sleep(Duration::from_secs(2));
+    let (renders_after, reloads_after) = counters(&c);
+    println!(
+        "latency burst ingresses={ingresses} updates={burst} sent_ms={:.0} settled_ms={:.0} renders={} reload_pushes={} pods={}",
+        sent.as_secs_f64() * 1000.0,
+        settled.as_secs_f64() * 1000.0,
+        renders_after - renders_before,
+        reloads_after - reloads_before,
+        c.pods.len()
+    );
+
+    // Without the standby.
+    let standby = 1 - leader;
+    c.controllers[standby].kill();
+    phase("stopped", &c, 100);
+}
+
+/// The value of the sample line starting with `prefix` in Prometheus text (0 when absent).
+fn sample(text: &str, prefix: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
 }

@@ -7,8 +7,10 @@
 #                               change, one new Ingress, peak memory, haproxy -c on the same output
 #   scripts/bench.sh watch      list and watch ingest into stores, and store memory, for 10,000
 #                               Ingresses + Services + EndpointSlices from the dev API server
-#   scripts/bench.sh latency    event-to-traffic latency (EndpointSlice change, new route) with
-#                               1,000 Ingresses, through two HAProxy pods and two controllers
+#   scripts/bench.sh latency [N…]  event-to-traffic latency (EndpointSlice change, new route)
+#                               with N Ingresses (default 1,000; `all` runs 1,000 and 10,000),
+#                               through two HAProxy pods, with a warm standby controller and
+#                               without it; and a burst of 1,000 EndpointSlice updates
 #   scripts/bench.sh agent      agent apply latency, runtime- and reload-class changes, on a
 #                               1,000-backend config (scripts/bench-agent.sh)
 set -euo pipefail
@@ -45,14 +47,17 @@ bench_watch() {
 
 bench_latency() {
   ensure_packages haproxy:haproxy openssl:openssl ss:iproute2
-  cargo bench --quiet --bench event_latency 2>/dev/null | grep '^latency'
+  local n
+  for n in "${@:-1000}"; do
+    BENCH_INGRESSES=$n cargo bench --quiet --bench event_latency 2>/dev/null | grep '^latency'
+  done
 }
 
 case "$which" in
   render) bench_render ;;
   watch) bench_watch ;;
-  latency) bench_latency ;;
+  latency) shift; bench_latency "$@" ;;
   agent) scripts/bench-agent.sh ;;
-  all) bench_render; bench_watch; bench_latency; scripts/bench-agent.sh ;;
+  all) bench_render; bench_watch; bench_latency 1000 10000; scripts/bench-agent.sh ;;
   *) echo "unknown benchmark $which (render, watch, latency, agent, all)" >&2; exit 2 ;;
 esac

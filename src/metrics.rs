@@ -163,7 +163,7 @@ impl Registry {
         );
     }
 
-    /// The value of a counter or gauge sample.
+    /// The value of a gauge sample.
     #[cfg(test)]
     pub(crate) fn value<const N: usize>(
         &self,

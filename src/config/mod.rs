@@ -17,7 +17,7 @@
 //!
 //! # Limits
 //!
-//! Input is bounded before it is deserialized ([`input`]): file size, nesting depth and alias
+//! Input is bounded before it is deserialized (`input`): file size, nesting depth and alias
 //! expansion; every duration and number has a range ([`model::DURATION_FIELDS`],
 //! [`model::INT_FIELDS`]). docs/operations.md lists them all.
 
@@ -152,7 +152,7 @@ pub fn merge_values(base: &mut Value, overlay: Value) {
 }
 
 /// Splits a YAML text into config fragments (one per non-empty document). Text over the
-/// [`input`] limits is refused before it is deserialized.
+/// `input` limits is refused before it is deserialized.
 pub fn parse_fragments(text: &str, source: &str) -> Result<Vec<ConfigDocument>, ConfigError> {
     use serde::Deserialize;
     input::check_yaml(text).map_err(|message| ConfigError::Parse {

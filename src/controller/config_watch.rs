@@ -22,7 +22,7 @@ use super::status::{self, StatusMsg};
 use super::watchers::{self, Watchers};
 
 /// Validates a config object completely: typed spec, structure, and templates that compile.
-pub fn validate_config_object(object: &Value, source: &str) -> Result<ActiveConfig, String> {
+pub(crate) fn validate_config_object(object: &Value, source: &str) -> Result<ActiveConfig, String> {
     let doc = ConfigDocument {
         metadata: object.get("metadata").cloned(),
         spec: object.get("spec").cloned().unwrap_or(Value::Null),
@@ -36,11 +36,6 @@ pub fn validate_config_object(object: &Value, source: &str) -> Result<ActiveConf
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0),
-        resource_version: object
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string(),
         raw: object.clone(),
     })
 }

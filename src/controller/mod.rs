@@ -70,7 +70,7 @@ fn install_signal_handlers() {
     }
 }
 
-pub use config_watch::validate_config_object;
+pub(crate) use config_watch::validate_config_object;
 
 /// The threads that start once the first valid config is known (the lease name, ports and
 /// intervals come from it).

@@ -18,11 +18,10 @@ use crate::render::Engine;
 pub(crate) use crate::lock;
 
 /// The config the controller runs with.
-pub struct ActiveConfig {
+pub(crate) struct ActiveConfig {
     pub spec: Spec,
     pub engine: Engine,
     pub generation: i64,
-    pub resource_version: String,
     /// The raw object as read, for `/debug/config`.
     pub raw: serde_json::Value,
 }

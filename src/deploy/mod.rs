@@ -234,7 +234,7 @@ impl Deployer {
         );
         for (key, answer) in answers {
             let note = plan.probed(&key, answer, epoch.is_some(), drift_round, Instant::now());
-            self.report(&key, note);
+            self.report(&key, note, epoch);
         }
         self.metrics
             .set(&crate::metrics::ADMITTED_PODS, [], plan.admitted() as f64);
@@ -269,7 +269,7 @@ impl Deployer {
             if matches!(note, Note::Applied { .. }) {
                 ok += 1;
             }
-            self.report(&key, note);
+            self.report(&key, note, Some(epoch));
         }
         let elapsed = started.elapsed();
         self.metrics.observe(
@@ -303,7 +303,7 @@ impl Deployer {
     }
 
     /// Logs and counts what the planner noted.
-    fn report(&self, key: &str, note: Note) {
+    fn report(&self, key: &str, note: Note, epoch: Option<u64>) {
         match note {
             Note::Quiet => {}
             Note::Admitted { version, bundle } => {
@@ -322,7 +322,10 @@ impl Deployer {
                 log::info!("pod={key} runs {current:?}, not the bundle we assumed; retrying with it as base")
             }
             Note::Fenced(detail) => {
-                log::warn!("pod={key} refused our epoch ({detail}); a newer leader is deploying")
+                let epoch = epoch.unwrap_or_default();
+                log::warn!(
+                    "pod={key} refused our epoch {epoch} ({detail}); a newer leader is deploying"
+                )
             }
             Note::Failed(error) => {
                 log::warn!("pod={key} deploy failed: {error}");

@@ -15,7 +15,7 @@ use super::{NotAdmitted, PodStatus, Published};
 
 /// How long the deployer sleeps when nothing is due.
 pub(crate) const IDLE: Duration = Duration::from_millis(500);
-/// The shortest sleep: retries and follow-up rounds never spin.
+/// The sleep after a round that left work behind (a stale base, a pod that appeared).
 pub(crate) const MIN_WAKE: Duration = Duration::from_millis(20);
 
 /// What `GET /v1/state` told about a pod.
@@ -239,6 +239,8 @@ impl Planner {
                 pod.status.admitted = false;
                 pod.status.not_admitted = Some(why);
                 pod.status.last_error = Some(text.clone());
+                // What it runs is unknown until a probe answers again (after the backoff).
+                pod.known = false;
                 pod.retry_later(now);
                 if changed {
                     Note::Refused(text)
@@ -347,7 +349,8 @@ impl Planner {
             .all(|p| p.applied.as_deref() == Some(hash))
     }
 
-    /// How long to sleep: until the earliest retry, at most `max` and at least [`MIN_WAKE`].
+    /// How long to sleep: until the earliest retry, at most `max` (a `max` below [`MIN_WAKE`]
+    /// counts as `MIN_WAKE`).
     pub(super) fn next_wake(&self, max: Duration, now: Instant) -> Duration {
         self.pods
             .values()
@@ -713,7 +716,34 @@ mod tests {
         assert_eq!(push_keys(&p.pushes(Some(1), Duration::ZERO, t1)), ["ing/a"]);
         // The timer restarted: the next check is one interval later.
         assert!(!p.probes(t1 + interval / 2, interval).1);
-        assert!(p.probes(t1 + interval, interval).1);
+        p.pushed(
+            "ing/a",
+            &hash(&b1),
+            Outcome::Applied {
+                result: "reload".into(),
+            },
+            t1,
+            "t1",
+        );
+        // A known pod whose agent stops answering is probed again after its backoff, not only
+        // at the next drift check.
+        let (probes, drift) = p.probes(t1 + interval, interval);
+        assert!(drift);
+        assert_eq!(probes.len(), 2);
+        let down = Err(NotAdmitted::AgentUnavailable {
+            detail: "connection refused".into(),
+        });
+        p.probed("ing/b", down, true, drift, t1 + interval);
+        p.probed("ing/a", view(Some(&hash(&b1))), true, drift, t1 + interval);
+        let retry = p.pods["ing/b"].next_attempt;
+        let (probes, drift) = p.probes(retry, interval);
+        assert!(!drift);
+        assert_eq!(
+            probes.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            ["ing/b"]
+        );
+        let back = p.probed("ing/b", view(Some(&hash(&b1))), true, drift, retry);
+        assert!(matches!(back, Note::Admitted { .. }), "{back:?}");
         // A standby learns the same, without reporting drift.
         let mut s = admitted(t0);
         s.pods.get_mut("ing/a").unwrap().applied = Some(hash(&b1));
@@ -773,7 +803,7 @@ mod tests {
         p.set_pods(vec![target("a", "10.0.0.9"), target("c", "10.0.0.3")], t0);
         assert!(!p.pods["ing/a"].known);
         assert_eq!(p.pods["ing/a"].applied, None);
-        // A new term forgets what every pod runs, even those waiting for a retry.
+        // A new term probes every pod again before any push, even those waiting for a retry.
         let mut q = admitted(t0);
         q.pushed("ing/a", "h", Outcome::Failed("x".into()), t0, "t0");
         q.new_term(t0);

@@ -95,9 +95,11 @@ pub(crate) fn server_lines(
     svc_port: Value,
     options: Kwargs,
 ) -> Result<Value, Error> {
-    let slots_min = pool_size(&options)?;
+    let slots: Option<Value> = options.get("slots")?;
+    let default_slots: Option<Value> = options.get("default_slots")?;
     let refuse_ranges: Option<Value> = options.get("refuse")?;
     options.assert_all_used()?;
+    let slots_min = pool_size(slots, default_slots)?;
     for (what, v) in [
         ("backend", be_name),
         ("namespace", svc_ns),
@@ -174,11 +176,8 @@ pub(crate) fn server_lines(
 
 /// The pool's smallest size: `slots` (a tenant's value, 1 to 1024, refused otherwise), else
 /// `default_slots` (the installation's), else 10.
-fn pool_size(options: &Kwargs) -> Result<usize, Error> {
-    let slots: Option<Value> = options
-        .get::<Option<Value>>("slots")?
-        .filter(|v| !v.is_undefined() && !v.is_none());
-    let default_slots: Option<Value> = options.get("default_slots")?;
+fn pool_size(slots: Option<Value>, default_slots: Option<Value>) -> Result<usize, Error> {
+    let slots = slots.filter(|v| !v.is_undefined() && !v.is_none());
     Ok(match slots {
         Some(v) => {
             let n = i64::try_from(v.clone())

@@ -1,5 +1,5 @@
 //! Proving configurations: `haproxy -c` on rendered bundles ([`haproxy`]), fixtures for offline
-//! renders ([`fixtures`]) and the embedded validation tests ([`suite`]).
+//! renders ([`fixtures`]) and the embedded validation tests (`suite`).
 
 pub mod fixtures;
 pub mod haproxy;
