@@ -56,12 +56,15 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
+    // Every loaded Service starts at backend z: a request answers at once, before and after a
+    // change (a closed port would make HAProxy retry for seconds and hide the latency).
+    let z = Backend::start("z");
     let seed = support::TempDir::new("latency-seed");
     let mut items = Vec::new();
     for i in 0..ingresses {
         items.push(json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": format!("svc-{i}"), "namespace": NS}, "spec": {"ports": [{"name": "http", "port": 80}]}}));
         items.push(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": format!("svc-{i}-0"), "namespace": NS, "labels": {"kubernetes.io/service-name": format!("svc-{i}")}},
-            "addressType": "IPv4", "ports": [{"name": "http", "port": 9, "protocol": "TCP"}], "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}]}));
+            "addressType": "IPv4", "ports": [{"name": "http", "port": z.port, "protocol": "TCP"}], "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}]}));
         items.push(json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": format!("ing-{i}"), "namespace": NS},
             "spec": {"ingressClassName": "haproxy", "rules": [{"host": format!("h{i}.example.com"), "http": {"paths": [{"path": "/", "pathType": "Prefix",
                 "backend": {"service": {"name": format!("svc-{i}"), "port": {"number": 80}}}}]}}]}}));
@@ -99,7 +102,10 @@ fn main() {
     );
 
     let slices = ResourceRef::new("discovery.k8s.io/v1", "endpointslices", true);
+    let leader = c.leader_index().expect("a leader");
+    let leader_name = c.controllers[leader].name.clone();
     let phase = |standby: &str, c: &Cluster, offset: usize| {
+        let log_start = c.controller_log(&leader_name).len();
         // Runtime class: move the endpoint between two backends with one EndpointSlice update.
         let mut runtime = Vec::new();
         for i in 0..changes {
@@ -117,6 +123,9 @@ fn main() {
             &format!("endpointslice_change (runtime) ingresses={ingresses} standby={standby}"),
             runtime,
         );
+        let log = c.controller_log(&leader_name);
+        breakdown(&format!("runtime standby={standby}"), &log[log_start..]);
+        let log_start = log.len();
         // Reload class: a new Ingress for a new Service adds a backend.
         let mut reload = Vec::new();
         for i in offset..offset + changes.min(30) {
@@ -137,12 +146,15 @@ fn main() {
             &format!("new_route (reload) ingresses={ingresses} standby={standby}"),
             reload,
         );
+        breakdown(
+            &format!("reload standby={standby}"),
+            &c.controller_log(&leader_name)[log_start..],
+        );
     };
     phase("running", &c, 0);
 
-    // The burst: the EndpointSlices of up to 1,000 Services move from a closed port to backend
-    // a, sent by four writers at once.
-    let leader = c.leader_index().expect("a leader");
+    // The burst: the EndpointSlices of up to 1,000 Services move from backend z to backend a,
+    // sent by four writers at once.
     let counters = |c: &Cluster| {
         let ctrl = &c.controllers[leader];
         let text = ctrl
@@ -156,6 +168,7 @@ fn main() {
     };
     let burst = ingresses.min(1000);
     let (renders_before, reloads_before) = counters(&c);
+    let burst_log_start = c.controller_log(&leader_name).len();
     let started = Instant::now();
     std::thread::scope(|scope| {
         for w in 0..4 {
@@ -188,11 +201,51 @@ fn main() {
         reloads_after - reloads_before,
         c.pods.len()
     );
+    breakdown("burst", &c.controller_log(&leader_name)[burst_log_start..]);
+    if std::env::var_os("BENCH_BURST_LOG").is_some() {
+        println!("{}", &c.controller_log(&leader_name)[burst_log_start..]);
+    }
 
     // Without the standby.
     let standby = 1 - leader;
     c.controllers[standby].kill();
     phase("stopped", &c, 100);
+}
+
+/// Where the time goes, from the leader's log: the reconciliation (render, and `haproxy -c` for
+/// reload-class bundles) and the parallel push to the pods, medians over the phase; and the
+/// controller's own change-to-deployed figure (first change seen → applied on every pod).
+fn breakdown(what: &str, log: &str) {
+    let ms_after = |line: &str, key: &str| -> Option<f64> {
+        let rest = &line[line.find(key)? + key.len()..];
+        rest.split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    };
+    let median = |mut v: Vec<f64>| -> f64 {
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut reconcile, mut push, mut deployed) = (Vec::new(), Vec::new(), Vec::new());
+    for line in log.lines() {
+        if line.contains(" rendered class=") {
+            reconcile.extend(ms_after(line, " in "));
+        } else if line.contains(" applied to ") {
+            push.extend(ms_after(line, " pods in "));
+            deployed.extend(ms_after(line, "change to deployed "));
+        }
+    }
+    println!(
+        "latency breakdown {what} renders={} reconcile_p50_ms={:.0} push_p50_ms={:.0} change_to_deployed_p50_ms={:.0}",
+        reconcile.len(),
+        median(reconcile),
+        median(push),
+        median(deployed)
+    );
 }
 
 /// The value of the sample line starting with `prefix` in Prometheus text (0 when absent).

@@ -141,6 +141,12 @@ impl Reconciler {
         {
             return;
         }
+        // Changes already queued are in the snapshot about to be taken (a reflector writes its
+        // store before it sends the event): take them now, so that they do not cause another
+        // render of the same state (a burst of events would otherwise cost a render more).
+        while let Ok(ev) = self.store_events.try_recv() {
+            self.on_store_event(s, ev);
+        }
         let stores = {
             let w = lock(&self.watchers);
             let barrier = w.barrier();
