@@ -96,9 +96,28 @@ fn main() {
         .unwrap();
     let warmup = Instant::now();
     wait(&c, "web.example.com", "a");
+    let first_route = warmup.elapsed();
+    // Resident memory of each controller with everything loaded and rendered (the scrape's
+    // process_resident_memory_bytes).
+    std::thread::sleep(Duration::from_secs(1));
+    let rss: Vec<f64> = c
+        .controllers
+        .iter()
+        .map(|ctrl| {
+            let text = ctrl
+                .get(ctrl.metrics_port, "/metrics")
+                .map(|(_, t)| t)
+                .unwrap_or_default();
+            sample(&text, "process_resident_memory_bytes ") as f64 / 1048576.0
+        })
+        .collect();
+    let leader_rss = c
+        .leader_index()
+        .and_then(|i| rss.get(i).copied())
+        .unwrap_or(f64::NAN);
     println!(
-        "latency setup ingresses={ingresses} first_route_s={:.1}",
-        warmup.elapsed().as_secs_f64()
+        "latency setup ingresses={ingresses} first_route_s={:.1} leader_rss_mib={leader_rss:.1} controllers_rss_mib={rss:.1?}",
+        first_route.as_secs_f64()
     );
 
     let slices = ResourceRef::new("discovery.k8s.io/v1", "endpointslices", true);

@@ -53,11 +53,18 @@ bench_latency() {
   done
 }
 
-case "$which" in
-  render) bench_render ;;
-  watch) bench_watch ;;
-  latency) shift; bench_latency "$@" ;;
-  agent) scripts/bench-agent.sh ;;
-  all) bench_render; bench_watch; bench_latency 1000 10000; scripts/bench-agent.sh ;;
-  *) echo "unknown benchmark $which (render, watch, latency, agent, all)" >&2; exit 2 ;;
-esac
+# Every figure is printed as it is measured, then once more in a table next to its goal and
+# its floor from the same run (scripts/bench-report.py).
+report=$(mktemp /tmp/haptic-bench-report.XXXXXX)
+trap 'rm -f "$report"' EXIT
+{
+  case "$which" in
+    render) bench_render ;;
+    watch) bench_watch ;;
+    latency) shift; bench_latency "$@" ;;
+    agent) scripts/bench-agent.sh ;;
+    all) bench_render; bench_watch; bench_latency 1000 10000; scripts/bench-agent.sh ;;
+    *) echo "unknown benchmark $which (render, watch, latency, agent, all)" >&2; exit 2 ;;
+  esac
+} | tee "$report"
+python3 scripts/bench-report.py < "$report"

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Prints the benchmark figures of one `scripts/bench.sh` run next to their goals and floors.
+
+Reads the benchmarks' own output lines (`render-libraries …`, `render-cli …`, `watch-ingest …`,
+`latency …`) on stdin; each line is `name key=value …`. The goals are those of the scale issues;
+the floors were measured in the same run (haproxy -c on the same output, the raw JSON size of
+the same objects). A figure whose benchmark did not run is left out.
+"""
+
+import re
+import sys
+
+
+def fields(line):
+    return {k: v for k, v in re.findall(r"([a-z_0-9]+)=([^\s]+)", line)}
+
+
+def num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def main():
+    render, cli, watch, latency, bursts, setups = {}, None, None, {}, {}, {}
+    for line in sys.stdin:
+        line = line.strip()
+        f = fields(line)
+        if line.startswith("render-libraries "):
+            render[int(f["n"])] = f
+        elif line.startswith("render-cli "):
+            cli = f
+        elif line.startswith("watch-ingest "):
+            watch = f
+        elif line.startswith("latency setup "):
+            setups[int(f["ingresses"])] = f
+        elif line.startswith("latency burst "):
+            bursts[int(f["ingresses"])] = f
+        elif line.startswith("latency ") and "p95_ms" in f:
+            kind = line.split()[1]
+            latency[(kind, int(f["ingresses"]), f.get("standby", "running"))] = f
+
+    rows = []  # (figure, measured, goal, floor, met)
+
+    def row(figure, measured, goal, floor="", met=None):
+        rows.append((figure, measured, goal, floor, "" if met is None else ("yes" if met else "NO")))
+
+    for n, f in sorted(render.items()):
+        full, check = num(f["full_ms"]), num(f["haproxy_check_ms"])
+        goal = "< 500 ms and < haproxy -c" if n >= 10000 else "< haproxy -c"
+        met = full < check and (n < 10000 or full < 500)
+        row(f"render {n:,} Ingresses, full", f"{full:,.0f} ms", goal, f"haproxy -c {check:,.0f} ms", met)
+        ec = num(f["endpoint_change_ms"])
+        row(f"render {n:,}, one EndpointSlice change", f"{ec:,.1f} ms", "< 10 ms", f"units re-rendered {f.get('units_rendered', '?').strip('()')}", ec < 10)
+        row(f"render {n:,}, one new Ingress", f"{num(f['new_ingress_ms']):,.0f} ms", "", "")
+    if 1000 in render and 10000 in render:
+        growth = num(render[10000]["full_ms"]) / num(render[1000]["full_ms"])
+        row("render growth 1k → 10k", f"{growth:.1f}×", "≤ 11×", "linear: 10×", growth <= 11)
+    if cli:
+        rss = int(cli["peak_rss_kb"]) / 1024
+        raw = int(cli["raw_json_bytes"]) / 1048576
+        row("haptic render 10k, peak RSS", f"{rss:,.0f} MiB", "< 96 MiB", f"raw JSON {raw:,.1f} MiB ({rss / raw:.1f}×)", rss < 96)
+    if watch:
+        store = int(watch["store_rss_kb"]) / 1024
+        raw = int(watch["raw_json_kb"]) / 1024
+        row(f"watch stores, {int(watch['objects']):,} objects", f"{store:,.0f} MiB", "< 96 MiB and < 2× raw JSON",
+            f"raw JSON {raw:,.1f} MiB ({store / raw:.1f}×)", store < 96 and store < 2 * raw)
+        row("watch ingest", f"{num(watch['watch_events_per_s']):,.0f} events/s", "must not drop", "")
+    for n, f in sorted(setups.items()):
+        if "leader_rss_mib" in f:
+            row(f"controller RSS, {n:,} Ingresses loaded", f"{num(f['leader_rss_mib']):,.0f} MiB", "< 15 MiB idle (demo)" if n <= 1000 else "", "")
+    for (kind, n, standby), f in sorted(latency.items()):
+        p95 = num(f["p95_ms"])
+        if kind == "endpointslice_change":
+            goal = 100 if n <= 1000 else 200
+            label = f"endpoint change p95, {n:,} Ingresses, standby {standby}"
+        else:
+            goal = 500
+            label = f"new route p95, {n:,} Ingresses, standby {standby}"
+        row(label, f"{p95:,.0f} ms (p50 {num(f['p50_ms']):,.0f})", f"< {goal} ms", "", p95 < goal)
+    for n, f in sorted(bursts.items()):
+        settled, renders, reloads = num(f["settled_ms"]), int(f["renders"]), int(f["reload_pushes"])
+        pods = max(int(f.get("pods", 1)), 1)
+        row(f"burst of {int(f['updates']):,} EndpointSlice updates, {n:,} Ingresses",
+            f"{settled:,.0f} ms, {renders} renders, {reloads // pods} reloads", "< 2 s, ≤ 5 renders, ≤ 1 reload",
+            f"sent in {num(f['sent_ms']):,.0f} ms", settled < 2000 and renders <= 5 and reloads // pods <= 1)
+
+    if not rows:
+        return
+    widths = [max(len(r[i]) for r in rows + [("figure", "measured", "goal", "floor (same run)", "met")]) for i in range(5)]
+    header = ("figure", "measured", "goal", "floor (same run)", "met")
+    print()
+    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+
+
+if __name__ == "__main__":
+    main()
