@@ -190,6 +190,14 @@ templatingSettings:
     ingress_class: {{ .Values.ingressClass.name | quote }}
     ingress_controller: {{ .Values.ingressClass.controllerName | quote }}
     gateway_class: {{ .Values.gatewayClass.name | quote }}
+    gateway_controller: {{ .Values.gatewayClass.controllerName | quote }}
+    haproxy_service_namespace: {{ .Release.Namespace | quote }}
+    haproxy_service_name: {{ printf "%s-haproxy" (include "haptic.fullname" .) | quote }}
+# The libraries' own validation tests stay in the library files (scripts/test.sh runs them with
+# haptic validate): the controller never runs them, they are most of the object's size, and a
+# library's tests may use resources only another library watches, which would make a partial
+# set of libraries an invalid config. Tests in controller.config are kept.
+validationTests: null
 {{- end -}}
 
 {{/* The merged HAProxyTemplateConfig spec as JSON: libraries, chart settings, controller.config. */}}

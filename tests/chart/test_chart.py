@@ -757,8 +757,12 @@ class Config(unittest.TestCase):
                     "ingress_class": v["ingressClass"]["name"],
                     "ingress_controller": v["ingressClass"]["controllerName"],
                     "gateway_class": v["gatewayClass"]["name"],
+                    "gateway_controller": v["gatewayClass"]["controllerName"],
+                    "haproxy_service_namespace": NAMESPACE,
+                    "haproxy_service_name": f"{FULLNAME}-haproxy",
                 }
             },
+            "validationTests": None,
         }
 
     def haptic_merge(self, files):
@@ -825,24 +829,41 @@ class Config(unittest.TestCase):
         spec = self.check("user-overrides")
         self.assertEqual(spec["templatingSettings"]["extraContext"]["http_port"], 8081)
         self.assertEqual(spec["templatingSettings"]["extraContext"]["custom_key"], "custom")
+        # The classes' controller names reach the libraries (the GatewayClass is served under
+        # the name the chart gives it), and so does the HAProxy Service (route and Gateway
+        # status addresses come from its load balancer).
+        ctx = spec["templatingSettings"]["extraContext"]
+        self.assertEqual(ctx["gateway_controller"], "haproxy-haptic.org/controller")
+        self.assertEqual((ctx["haproxy_service_namespace"], ctx["haproxy_service_name"]), (NAMESPACE, f"{FULLNAME}-haproxy"))
 
     def test_rendered_config_passes_haptic_validation(self):
-        """The config the chart installs renders, HAProxy accepts it, and its embedded tests pass."""
+        """The config the chart installs is one the controller accepts, it renders, HAProxy accepts
+        it, and the enabled libraries' tests pass against it."""
         haptic = os.environ.get("HAPTIC_BIN")
         if not haptic:
             self.skipTest("HAPTIC_BIN not set (run scripts/test-chart.sh)")
-        for variant in ("defaults", "everything"):
-            _, _, docs = render(variant)
+        for variant in ("defaults", "everything", "libraries-toggled", "base-only"):
+            values, _, docs = render(variant)
             cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)
+            self.assertNotIn("validationTests", cfg["spec"], "the libraries' tests stay in their files")
             with tempfile.TemporaryDirectory() as d:
                 p = Path(d) / "cfg.yaml"
                 p.write_text(yaml.safe_dump(cfg))
+                # What the controller checks before it runs a config (haptic config merge
+                # validates like validate_config_object).
+                r = subprocess.run([haptic, "config", "merge", "-f", str(p)], capture_output=True, text=True)
+                self.assertEqual(r.returncode, 0, f"{variant}: the controller would refuse it: {r.stderr}")
                 r = subprocess.run(
                     [haptic, "render", "-f", str(p), "-o", str(Path(d) / "out"), "--validate"], capture_output=True, text=True
                 )
                 self.assertEqual(r.returncode, 0, f"{variant}: {r.stdout}{r.stderr}")
-                r = subprocess.run([haptic, "validate", "-f", str(p)], capture_output=True, text=True)
-                self.assertEqual(r.returncode, 0, f"{variant}: {r.stdout[-3000:]}{r.stderr}")
+                if variant in ("defaults", "everything"):
+                    # The installed config under the enabled libraries' own tests.
+                    libs = [str(CHART / "libraries" / f) for f in self.expected_libraries(values)]
+                    args = [a for f in libs + [str(p)] for a in ("-f", f)]
+                    r = subprocess.run([haptic, "validate", *args], capture_output=True, text=True)
+                    self.assertEqual(r.returncode, 0, f"{variant}: {r.stdout[-3000:]}{r.stderr}")
+                    self.assertRegex(r.stdout, r"Tests: [1-9][0-9]* passed, 0 failed")
 
 
 class Dockerfile(unittest.TestCase):
