@@ -12,6 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use haptic::render::current_config::CurrentConfig;
 use haptic::render::{Engine, RenderCache, RenderInputs};
 use haptic::store::Store;
 use haptic::validate::fixtures::{build_stores, load_fixture_inputs};
@@ -155,6 +156,48 @@ fn main() {
             rendered_units = cache.stats.rendered;
             took
         });
+
+        // What the reconciler does with a runtime change after the render, each over the whole
+        // configuration: the bundle, its hash, the classification against the last bundle, and
+        // the parse of the new config as the next render's current_config.
+        let mut store = (*endpoints).clone();
+        store.upsert(variants[(i + 1) % 2].clone()).expect("upsert");
+        let mut changed = stores.clone();
+        changed.insert("endpoints".into(), Arc::new(store));
+        let old_bundle = engine
+            .render_cached(&inputs(stores.clone()), &mut cache)
+            .expect("render")
+            .to_bundle();
+        let new_rendered = engine
+            .render_cached(&inputs(changed), &mut cache)
+            .expect("render");
+        let timed = |f: &mut dyn FnMut()| {
+            median(5, || {
+                let started = Instant::now();
+                f();
+                started.elapsed()
+            })
+        };
+        let mut new_bundle = None;
+        let to_bundle = timed(&mut || new_bundle = Some(new_rendered.to_bundle()));
+        let new_bundle = new_bundle.expect("bundle");
+        let hash = timed(&mut || {
+            std::hint::black_box(new_bundle.hash());
+        });
+        let classify = timed(&mut || {
+            std::hint::black_box(haptic_agent::classify::classify(&old_bundle, &new_bundle));
+        });
+        let parse = timed(&mut || {
+            std::hint::black_box(CurrentConfig::parse(&new_bundle.haproxy_cfg));
+        });
+        println!(
+            "render-reconcile n={n} config_bytes={} to_bundle_ms={:.1} hash_ms={:.1} classify_ms={:.1} current_config_parse_ms={:.1}",
+            new_bundle.haproxy_cfg.len(),
+            ms(to_bundle),
+            ms(hash),
+            ms(classify),
+            ms(parse)
+        );
 
         // One new Ingress (a new route and backend), added and removed in turn.
         let ingresses = stores["ingresses"].clone();
