@@ -160,17 +160,24 @@ fn main() {
         // What the reconciler does with a runtime change after the render, each over the whole
         // configuration: the bundle, its hash, the classification against the last bundle, and
         // the parse of the new config as the next render's current_config.
-        let mut store = (*endpoints).clone();
-        store.upsert(variants[(i + 1) % 2].clone()).expect("upsert");
-        let mut changed = stores.clone();
-        changed.insert("endpoints".into(), Arc::new(store));
+        let with = |variant: &Arc<Value>| {
+            let mut store = (*endpoints).clone();
+            store.upsert(variant.clone()).expect("upsert");
+            let mut changed = stores.clone();
+            changed.insert("endpoints".into(), Arc::new(store));
+            changed
+        };
         let old_bundle = engine
-            .render_cached(&inputs(stores.clone()), &mut cache)
+            .render_cached(&inputs(with(&variants[0])), &mut cache)
             .expect("render")
             .to_bundle();
         let new_rendered = engine
-            .render_cached(&inputs(changed), &mut cache)
+            .render_cached(&inputs(with(&variants[1])), &mut cache)
             .expect("render");
+        assert_ne!(
+            old_bundle.haproxy_cfg, new_rendered.haproxy_cfg,
+            "the two renders differ by one endpoint"
+        );
         let timed = |f: &mut dyn FnMut()| {
             median(5, || {
                 let started = Instant::now();

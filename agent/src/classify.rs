@@ -15,7 +15,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::haproxy_cfg::{
-    data_lines, file_references, Config, Section, ServerLine, SocketAddress, Tokens,
+    data_lines, file_references, is_section_header, Config, Section, ServerLine, SocketAddress,
+    Tokens,
 };
 use crate::protocol::{Bundle, BundleFile, FileKind};
 
@@ -154,7 +155,89 @@ impl Plan {
 }
 
 /// Compares the applied bundle `old` with the desired bundle `new`.
+///
+/// When only haproxy.cfg differs, only the sections between the first and the last differing
+/// line are parsed (a change of a few endpoints in a large configuration costs its sections,
+/// not the whole text); the result is the same as [`classify_full`]'s.
 pub fn classify(old: &Bundle, new: &Bundle) -> Classification {
+    if old.files == new.files {
+        if old.haproxy_cfg == new.haproxy_cfg {
+            return Classification::NoChange;
+        }
+        if let Some(class) = classify_window(&old.haproxy_cfg, &new.haproxy_cfg) {
+            return class;
+        }
+    }
+    classify_full(old, new)
+}
+
+/// The configurations' differing window, extended to whole sections: the lines
+/// `old[start..old_end]` and `new[start..new_end]`. Everything outside is identical in both,
+/// line for line, and begins (after the window) with a section header or ends the text.
+fn differing_sections(old: &[&str], new: &[&str]) -> (usize, usize, usize) {
+    let prefix = old.iter().zip(new).take_while(|(o, n)| o == n).count();
+    let limit = old.len().min(new.len()) - prefix;
+    let suffix = old
+        .iter()
+        .rev()
+        .zip(new.iter().rev())
+        .take(limit)
+        .take_while(|(o, n)| o == n)
+        .count();
+    // Back to the header of the section holding the first differing line: the line at
+    // `prefix` when it opens a section in both, else the last header of the common prefix.
+    let opens_both = |i: usize| {
+        i < old.len() && i < new.len() && is_section_header(old[i]) && is_section_header(new[i])
+    };
+    let start = if opens_both(prefix) {
+        prefix
+    } else {
+        (0..prefix)
+            .rev()
+            .find(|&i| is_section_header(old[i]))
+            .unwrap_or(0)
+    };
+    // Forward through the common suffix to the next section header.
+    let (mut old_end, mut new_end) = (old.len() - suffix, new.len() - suffix);
+    while old_end < old.len() && !is_section_header(old[old_end]) {
+        old_end += 1;
+        new_end += 1;
+    }
+    (start, old_end, new_end)
+}
+
+/// [`classify`] of two configurations with the same files, from their differing sections only;
+/// `None` when the section list itself changed (the full comparison words the reasons).
+fn classify_window(old: &str, new: &str) -> Option<Classification> {
+    let old_lines: Vec<&str> = old.lines().collect();
+    let new_lines: Vec<&str> = new.lines().collect();
+    let (start, old_end, new_end) = differing_sections(&old_lines, &new_lines);
+    let old_cfg = Config::parse_lines(old_lines[start..old_end].iter().copied());
+    let new_cfg = Config::parse_lines(new_lines[start..new_end].iter().copied());
+    let same_headers = old_cfg.sections.len() == new_cfg.sections.len()
+        && old_cfg
+            .sections
+            .iter()
+            .zip(&new_cfg.sections)
+            .all(|(o, n)| o.header == n.header);
+    if !same_headers {
+        return None;
+    }
+    let mut plan = Plan::default();
+    compare_configs(&old_cfg, &new_cfg, &mut plan);
+    if !plan.reasons.is_empty() {
+        return Some(Classification::Reload(plan.reasons));
+    }
+    let actions = plan.into_actions();
+    Some(if actions.is_empty() {
+        Classification::NoChange
+    } else {
+        Classification::Runtime(actions)
+    })
+}
+
+/// The comparison of the whole bundles.
+pub fn classify_full(old: &Bundle, new: &Bundle) -> Classification {
     let old_cfg = Config::parse(&old.haproxy_cfg);
     let new_cfg = Config::parse(&new.haproxy_cfg);
     let mut plan = Plan::default();

@@ -295,3 +295,108 @@ fn removed_file_still_referenced_reloads() {
     n.files.retain(|f| f.path != "maps/host.map");
     assert!(reasons(&classify(&old(), &n)).contains("still referenced"));
 }
+
+/// The windowed comparison (only the differing sections parsed) gives exactly the full
+/// comparison's result, over many random edits of a many-section configuration: server
+/// changes (runtime), other line changes, added and removed lines, sections added, removed and
+/// renamed, edits at the very start and end, and edits in two distant sections at once.
+#[test]
+fn windowed_classification_equals_the_full_comparison() {
+    fn base(backends: usize) -> Vec<String> {
+        let mut lines = vec![
+            "# generated".to_string(),
+            "global".into(),
+            "  maxconn 100".into(),
+            "defaults".into(),
+            "  mode http".into(),
+            "frontend http".into(),
+            "  bind :80".into(),
+            "  use_backend %[var(txn.backend)]".into(),
+        ];
+        for b in 0..backends {
+            lines.push(format!("backend be{b}"));
+            lines.push("  balance roundrobin".into());
+            for s in 1..=3 {
+                lines.push(format!(
+                    "  server SRV_{s} 10.0.{b}.{s}:80 weight 10 enabled"
+                ));
+            }
+            lines.push(String::new());
+        }
+        lines
+    }
+    let mut seed: u64 = 0x9e3779b97f4a7c15;
+    let mut rand = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed % n as u64) as usize
+    };
+    let edits: &[fn(&mut Vec<String>, usize, usize)] = &[
+        |l, _, r| {
+            // A server's address (runtime class), in a random backend.
+            let servers: Vec<usize> = (0..l.len())
+                .filter(|&i| l[i].starts_with("  server "))
+                .collect();
+            if let Some(&i) = servers.get(r % servers.len().max(1)) {
+                let name = l[i]
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or("SRV_1")
+                    .to_string();
+                l[i] = format!("  server {name} 10.9.{r}.1:8080 weight 10 enabled");
+            }
+        },
+        |l, _, r| {
+            // A server's weight and state (runtime class).
+            let servers: Vec<usize> = (0..l.len())
+                .filter(|&i| l[i].starts_with("  server "))
+                .collect();
+            if let Some(&i) = servers.get(r % servers.len().max(1)) {
+                let name = l[i]
+                    .split_whitespace()
+                    .nth(1)
+                    .unwrap_or("SRV_1")
+                    .to_string();
+                l[i] = format!(
+                    "  server {name} 10.0.0.2:80 weight {} disabled",
+                    1 + r % 200
+                );
+            }
+        },
+        |l, i, _| l[i] = "  balance leastconn".into(),
+        |l, i, _| {
+            l.remove(i);
+        },
+        |l, i, r| l.insert(i, format!("  timeout server {r}s")),
+        |l, i, r| l.insert(i, format!("backend added{r}")),
+        |l, i, r| l[i] = format!("backend renamed{r}"),
+        |l, i, _| l[i] = "  # a comment".into(),
+        |l, _, r| l.insert(0, format!("# header {r}")),
+        |l, _, r| l.push(format!("backend last{r}")),
+        |l, _, _| {
+            l.pop();
+        },
+    ];
+    let mut runtime = 0;
+    for round in 0..400 {
+        let old_lines = base(20);
+        let mut new_lines = old_lines.clone();
+        for _ in 0..1 + round % 3 {
+            let i = rand(new_lines.len().max(1)).min(new_lines.len().saturating_sub(1));
+            let r = rand(250);
+            let edit = edits[rand(edits.len())];
+            edit(&mut new_lines, i, r);
+        }
+        let old = Bundle::new(old_lines.join("\n") + "\n", vec![]);
+        let new = Bundle::new(new_lines.join("\n") + "\n", vec![]);
+        let windowed = classify(&old, &new);
+        let full = classify_full(&old, &new);
+        assert_eq!(windowed, full, "round {round}:\n{}", new.haproxy_cfg);
+        runtime += matches!(full, Classification::Runtime(_)) as usize;
+    }
+    assert!(
+        runtime > 20,
+        "the edits include runtime-class changes ({runtime})"
+    );
+}

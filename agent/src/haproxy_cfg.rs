@@ -64,11 +64,16 @@ pub struct Config {
 
 impl Config {
     pub fn parse(text: &str) -> Config {
+        Config::parse_lines(text.lines())
+    }
+
+    /// [`Config::parse`] over lines already split.
+    pub fn parse_lines<'a>(lines: impl IntoIterator<Item = &'a str>) -> Config {
         let mut sections = vec![Section {
             header: Vec::new(),
             lines: Vec::new(),
         }];
-        for line in text.lines() {
+        for line in lines {
             let tokens = tokenize_line(line);
             let Some(first) = tokens.first() else {
                 continue;
@@ -103,6 +108,13 @@ impl Config {
             .flat_map(|s| s.lines.iter())
             .any(|l| l.first().is_some_and(|t| t == keyword))
     }
+}
+
+/// Whether a line opens a section (as [`Config::parse`] decides).
+pub fn is_section_header(line: &str) -> bool {
+    tokenize_line(line)
+        .first()
+        .is_some_and(|first| SECTION_KEYWORDS.contains(&first.as_str()))
 }
 
 /// Splits one line into HAProxy words. Double quotes group and allow backslash escapes, single
