@@ -197,13 +197,18 @@ fn main() {
         let parse = timed(&mut || {
             std::hint::black_box(CurrentConfig::parse(&new_bundle.haproxy_cfg));
         });
+        let previous = CurrentConfig::parse(&old_bundle.haproxy_cfg);
+        let update = timed(&mut || {
+            std::hint::black_box(previous.update(&old_bundle.haproxy_cfg, &new_bundle.haproxy_cfg));
+        });
         println!(
-            "render-reconcile n={n} config_bytes={} to_bundle_ms={:.1} hash_ms={:.1} classify_ms={:.1} current_config_parse_ms={:.1}",
+            "render-reconcile n={n} config_bytes={} to_bundle_ms={:.1} hash_ms={:.1} classify_ms={:.1} current_config_parse_ms={:.1} current_config_update_ms={:.1}",
             new_bundle.haproxy_cfg.len(),
             ms(to_bundle),
             ms(hash),
             ms(classify),
-            ms(parse)
+            ms(parse),
+            ms(update)
         );
 
         // One new Ingress (a new route and backend), added and removed in turn.

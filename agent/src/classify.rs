@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::haproxy_cfg::{
-    data_lines, file_references, is_section_header, Config, Section, ServerLine, SocketAddress,
+    data_lines, differing_sections, file_references, Config, Section, ServerLine, SocketAddress,
     Tokens,
 };
 use crate::protocol::{Bundle, BundleFile, FileKind};
@@ -169,41 +169,6 @@ pub fn classify(old: &Bundle, new: &Bundle) -> Classification {
         }
     }
     classify_full(old, new)
-}
-
-/// The configurations' differing window, extended to whole sections: the lines
-/// `old[start..old_end]` and `new[start..new_end]`. Everything outside is identical in both,
-/// line for line, and begins (after the window) with a section header or ends the text.
-fn differing_sections(old: &[&str], new: &[&str]) -> (usize, usize, usize) {
-    let prefix = old.iter().zip(new).take_while(|(o, n)| o == n).count();
-    let limit = old.len().min(new.len()) - prefix;
-    let suffix = old
-        .iter()
-        .rev()
-        .zip(new.iter().rev())
-        .take(limit)
-        .take_while(|(o, n)| o == n)
-        .count();
-    // Back to the header of the section holding the first differing line: the line at
-    // `prefix` when it opens a section in both, else the last header of the common prefix.
-    let opens_both = |i: usize| {
-        i < old.len() && i < new.len() && is_section_header(old[i]) && is_section_header(new[i])
-    };
-    let start = if opens_both(prefix) {
-        prefix
-    } else {
-        (0..prefix)
-            .rev()
-            .find(|&i| is_section_header(old[i]))
-            .unwrap_or(0)
-    };
-    // Forward through the common suffix to the next section header.
-    let (mut old_end, mut new_end) = (old.len() - suffix, new.len() - suffix);
-    while old_end < old.len() && !is_section_header(old[old_end]) {
-        old_end += 1;
-        new_end += 1;
-    }
-    (start, old_end, new_end)
 }
 
 /// [`classify`] of two configurations with the same files, from their differing sections only;

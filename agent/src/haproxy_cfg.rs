@@ -117,6 +117,41 @@ pub fn is_section_header(line: &str) -> bool {
         .is_some_and(|first| SECTION_KEYWORDS.contains(&first.as_str()))
 }
 
+/// Where two configurations (as lines) differ, extended to whole sections: the lines
+/// `old[start..old_end]` and `new[start..new_end]`. Everything outside is identical in both,
+/// line for line, and begins (after the window) with a section header or ends the text.
+pub fn differing_sections(old: &[&str], new: &[&str]) -> (usize, usize, usize) {
+    let prefix = old.iter().zip(new).take_while(|(o, n)| o == n).count();
+    let limit = old.len().min(new.len()) - prefix;
+    let suffix = old
+        .iter()
+        .rev()
+        .zip(new.iter().rev())
+        .take(limit)
+        .take_while(|(o, n)| o == n)
+        .count();
+    // Back to the header of the section holding the first differing line: the line at
+    // `prefix` when it opens a section in both, else the last header of the common prefix.
+    let opens_both = |i: usize| {
+        i < old.len() && i < new.len() && is_section_header(old[i]) && is_section_header(new[i])
+    };
+    let start = if opens_both(prefix) {
+        prefix
+    } else {
+        (0..prefix)
+            .rev()
+            .find(|&i| is_section_header(old[i]))
+            .unwrap_or(0)
+    };
+    // Forward through the common suffix to the next section header.
+    let (mut old_end, mut new_end) = (old.len() - suffix, new.len() - suffix);
+    while old_end < old.len() && !is_section_header(old[old_end]) {
+        old_end += 1;
+        new_end += 1;
+    }
+    (start, old_end, new_end)
+}
+
 /// Splits one line into HAProxy words. Double quotes group and allow backslash escapes, single
 /// quotes group literally, a backslash outside single quotes escapes the next character, and `#`
 /// starts a comment only outside quotes and at the start of a word.

@@ -276,7 +276,13 @@ impl Reconciler {
             bundle.files.len(),
             started.elapsed().as_millis()
         );
-        s.current_config = Some(Arc::new(CurrentConfig::parse(&bundle.haproxy_cfg)));
+        // The next render's current_config: from the last one when it is the parse of the last
+        // validated bundle (only the sections that changed are parsed again).
+        let next = match (&s.current_config, &s.last_validated) {
+            (Some(current), Some(last)) => current.update(&last.haproxy_cfg, &bundle.haproxy_cfg),
+            _ => CurrentConfig::parse(&bundle.haproxy_cfg),
+        };
+        s.current_config = Some(Arc::new(next));
         let published = Arc::new(Published {
             bundle: bundle.clone(),
             hash: hash.clone(),

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use haptic_agent::haproxy_cfg::{Config, ServerLine, SocketAddress};
+use haptic_agent::haproxy_cfg::{differing_sections, Config, ServerLine, SocketAddress};
 use std::sync::Arc;
 
 use minijinja::value::{Enumerator, Object, Value};
@@ -27,17 +27,17 @@ pub struct Backend {
 /// Parsed once per deployed config and shared by every render until it changes.
 #[derive(Debug, Clone, Default)]
 pub struct CurrentConfig {
-    backends: Arc<BTreeMap<String, Backend>>,
+    backends: Arc<BTreeMap<String, Arc<Backend>>>,
 }
 
-impl CurrentConfig {
-    pub fn parse(text: &str) -> CurrentConfig {
-        let mut backends = BTreeMap::new();
-        for section in Config::parse(text)
-            .sections
-            .iter()
-            .filter(|s| s.has_servers())
-        {
+/// The backends (and listens) of a parsed configuration, in order; a later one of the same name
+/// wins, as in a map built in order.
+fn backends_of(config: &Config) -> Vec<(String, Arc<Backend>)> {
+    config
+        .sections
+        .iter()
+        .filter(|s| s.has_servers())
+        .map(|section| {
             let servers = section
                 .lines
                 .iter()
@@ -55,21 +55,57 @@ impl CurrentConfig {
                     }
                 })
                 .collect();
-            backends.insert(
-                section.name().to_string(),
-                Backend {
-                    name: section.name().to_string(),
-                    servers,
-                },
-            );
+            let name = section.name().to_string();
+            (name.clone(), Arc::new(Backend { name, servers }))
+        })
+        .collect()
+}
+
+impl CurrentConfig {
+    pub fn parse(text: &str) -> CurrentConfig {
+        CurrentConfig {
+            backends: Arc::new(backends_of(&Config::parse(text)).into_iter().collect()),
         }
+    }
+
+    /// The parse of `new_text`, given that `self` is the parse of `old_text`: only the sections
+    /// between the first and the last differing line are parsed again (a runtime change in a
+    /// large configuration costs its sections). Equal to `CurrentConfig::parse(new_text)`.
+    pub fn update(&self, old_text: &str, new_text: &str) -> CurrentConfig {
+        if old_text == new_text {
+            return self.clone();
+        }
+        let old_lines: Vec<&str> = old_text.lines().collect();
+        let new_lines: Vec<&str> = new_text.lines().collect();
+        let (start, old_end, new_end) = differing_sections(&old_lines, &new_lines);
+        let old_window = backends_of(&Config::parse_lines(
+            old_lines[start..old_end].iter().copied(),
+        ));
+        let new_window = backends_of(&Config::parse_lines(
+            new_lines[start..new_end].iter().copied(),
+        ));
+        let mut backends = (*self.backends).clone();
+        // A name that also occurs outside the window (a duplicate section) would make the
+        // window's entries not the map's: parse everything then.
+        for (name, backend) in &old_window {
+            if backends.get(name) != Some(backend) {
+                return CurrentConfig::parse(new_text);
+            }
+            backends.remove(name);
+        }
+        for (name, _) in &new_window {
+            if backends.contains_key(name) {
+                return CurrentConfig::parse(new_text);
+            }
+        }
+        backends.extend(new_window);
         CurrentConfig {
             backends: Arc::new(backends),
         }
     }
 
     pub fn backend(&self, name: &str) -> Option<&Backend> {
-        self.backends.get(name)
+        self.backends.get(name).map(|b| &**b)
     }
 
     /// `current_config` as templates see it: `current_config.backends[name]`. Lookups by name
@@ -107,13 +143,13 @@ impl Object for View {
 
 #[derive(Debug)]
 struct BackendsView {
-    backends: Arc<BTreeMap<String, Backend>>,
+    backends: Arc<BTreeMap<String, Arc<Backend>>>,
 }
 
 impl Object for BackendsView {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let name = key.as_str()?;
-        let found = self.backends.get(name);
+        let found = self.backends.get(name).map(|b| &**b);
         super::units::note_current_read(name, found);
         found.map(|b| Value::from(minijinja::value::Serde(b)))
     }
@@ -135,6 +171,64 @@ impl Object for BackendsView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The incremental update equals a parse of the new text, over random edits of a
+    /// many-backend configuration: server changes, lines added and removed, sections added,
+    /// removed and renamed (duplicates included), edits at the start and the end, several at once.
+    #[test]
+    fn update_equals_a_fresh_parse() {
+        let base: Vec<String> = {
+            let mut l = vec![
+                "global".to_string(),
+                "  maxconn 10".into(),
+                "frontend f".into(),
+                "  bind :80".into(),
+            ];
+            for b in 0..15 {
+                l.push(format!("backend be{b}"));
+                for s in 1..=3 {
+                    l.push(format!("  server SRV_{s} 10.0.{b}.{s}:80 enabled"));
+                }
+            }
+            l
+        };
+        let mut seed: u64 = 0x2545f4914f6cdd1d;
+        let mut rand = |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n.max(1) as u64) as usize
+        };
+        for round in 0..500 {
+            let mut old = base.clone();
+            // Sometimes the old text is itself an edited one.
+            if round % 4 == 0 {
+                let i = rand(old.len());
+                old[i] = format!("  server SRV_9 10.1.1.{}:81 disabled", rand(200));
+            }
+            let mut new = old.clone();
+            for _ in 0..1 + round % 3 {
+                let i = rand(new.len()).min(new.len().saturating_sub(1));
+                let r = rand(20);
+                match rand(8) {
+                    0 => new[i] = format!("  server SRV_{r} 10.9.9.{r}:8080 enabled"),
+                    1 => new[i] = format!("  server SRV_1 10.0.0.1:80 disabled # {r}"),
+                    2 => {
+                        new.remove(i);
+                    }
+                    3 => new.insert(i, format!("  server SRV_{r} 10.8.8.{r}:80")),
+                    4 => new.insert(i, format!("backend be{r}")),
+                    5 => new[i] = format!("listen be{}", r % 15),
+                    6 => new.insert(0, format!("backend first{r}")),
+                    _ => new.push(format!("  server SRV_{r} 10.7.7.7:80")),
+                }
+            }
+            let (old, new) = (old.join("\n") + "\n", new.join("\n") + "\n");
+            let updated = CurrentConfig::parse(&old).update(&old, &new);
+            let fresh = CurrentConfig::parse(&new);
+            assert_eq!(updated.backends, fresh.backends, "round {round}:\n{new}");
+        }
+    }
 
     #[test]
     fn parses_backends_and_servers() {
