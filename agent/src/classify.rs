@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::haproxy_cfg::{
-    data_lines, differing_sections, file_references, Config, Section, ServerLine, SocketAddress,
+    changed_sections, data_lines, file_references, Config, Section, ServerLine, SocketAddress,
     Tokens,
 };
 use crate::protocol::{Bundle, BundleFile, FileKind};
@@ -139,6 +139,19 @@ struct Plan {
 }
 
 impl Plan {
+    /// The classification this plan comes to (`files_equal`: no file changed either).
+    fn conclude(self, files_equal: bool) -> Classification {
+        if !self.reasons.is_empty() {
+            return Classification::Reload(self.reasons);
+        }
+        let actions = self.into_actions();
+        if actions.is_empty() && files_equal {
+            Classification::NoChange
+        } else {
+            Classification::Runtime(actions)
+        }
+    }
+
     fn reload(&mut self, reason: String) {
         self.reasons.push(reason);
     }
@@ -174,11 +187,7 @@ pub fn classify(old: &Bundle, new: &Bundle) -> Classification {
 /// [`classify`] of two configurations with the same files, from their differing sections only;
 /// `None` when the section list itself changed (the full comparison words the reasons).
 fn classify_window(old: &str, new: &str) -> Option<Classification> {
-    let old_lines: Vec<&str> = old.lines().collect();
-    let new_lines: Vec<&str> = new.lines().collect();
-    let (start, old_end, new_end) = differing_sections(&old_lines, &new_lines);
-    let old_cfg = Config::parse_lines(old_lines[start..old_end].iter().copied());
-    let new_cfg = Config::parse_lines(new_lines[start..new_end].iter().copied());
+    let (old_cfg, new_cfg) = changed_sections(old, new);
     let same_headers = old_cfg.sections.len() == new_cfg.sections.len()
         && old_cfg
             .sections
@@ -190,15 +199,7 @@ fn classify_window(old: &str, new: &str) -> Option<Classification> {
     }
     let mut plan = Plan::default();
     compare_configs(&old_cfg, &new_cfg, &mut plan);
-    if !plan.reasons.is_empty() {
-        return Some(Classification::Reload(plan.reasons));
-    }
-    let actions = plan.into_actions();
-    Some(if actions.is_empty() {
-        Classification::NoChange
-    } else {
-        Classification::Runtime(actions)
-    })
+    Some(plan.conclude(true))
 }
 
 /// The comparison of the whole bundles.
@@ -211,15 +212,7 @@ pub fn classify_full(old: &Bundle, new: &Bundle) -> Classification {
     if !files_equal {
         compare_files(old, new, &old_cfg, &new_cfg, &mut plan);
     }
-    if !plan.reasons.is_empty() {
-        return Classification::Reload(plan.reasons);
-    }
-    let actions = plan.into_actions();
-    if actions.is_empty() && files_equal {
-        Classification::NoChange
-    } else {
-        Classification::Runtime(actions)
-    }
+    plan.conclude(files_equal)
 }
 
 fn compare_configs(old: &Config, new: &Config, plan: &mut Plan) {

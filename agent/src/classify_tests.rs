@@ -300,6 +300,16 @@ fn removed_file_still_referenced_reloads() {
 /// comparison's result, over many random edits of a many-section configuration: server
 /// changes (runtime), other line changes, added and removed lines, sections added, removed and
 /// renamed, edits at the very start and end, and edits in two distant sections at once.
+/// The `r`-th server line (modulo their count) and its server's name.
+fn some_server(lines: &[String], r: usize) -> Option<(usize, String)> {
+    let servers: Vec<usize> = (0..lines.len())
+        .filter(|&i| lines[i].starts_with("  server "))
+        .collect();
+    let i = *servers.get(r % servers.len().max(1))?;
+    let name = lines[i].split_whitespace().nth(1)?.to_string();
+    Some((i, name))
+}
+
 #[test]
 fn windowed_classification_equals_the_full_comparison() {
     fn base(backends: usize) -> Vec<String> {
@@ -335,29 +345,13 @@ fn windowed_classification_equals_the_full_comparison() {
     let edits: &[fn(&mut Vec<String>, usize, usize)] = &[
         |l, _, r| {
             // A server's address (runtime class), in a random backend.
-            let servers: Vec<usize> = (0..l.len())
-                .filter(|&i| l[i].starts_with("  server "))
-                .collect();
-            if let Some(&i) = servers.get(r % servers.len().max(1)) {
-                let name = l[i]
-                    .split_whitespace()
-                    .nth(1)
-                    .unwrap_or("SRV_1")
-                    .to_string();
+            if let Some((i, name)) = some_server(l, r) {
                 l[i] = format!("  server {name} 10.9.{r}.1:8080 weight 10 enabled");
             }
         },
         |l, _, r| {
             // A server's weight and state (runtime class).
-            let servers: Vec<usize> = (0..l.len())
-                .filter(|&i| l[i].starts_with("  server "))
-                .collect();
-            if let Some(&i) = servers.get(r % servers.len().max(1)) {
-                let name = l[i]
-                    .split_whitespace()
-                    .nth(1)
-                    .unwrap_or("SRV_1")
-                    .to_string();
+            if let Some((i, name)) = some_server(l, r) {
                 l[i] = format!(
                     "  server {name} 10.0.0.2:80 weight {} disabled",
                     1 + r % 200

@@ -120,7 +120,7 @@ pub fn is_section_header(line: &str) -> bool {
 /// Where two configurations (as lines) differ, extended to whole sections: the lines
 /// `old[start..old_end]` and `new[start..new_end]`. Everything outside is identical in both,
 /// line for line, and begins (after the window) with a section header or ends the text.
-pub fn differing_sections(old: &[&str], new: &[&str]) -> (usize, usize, usize) {
+fn differing_sections(old: &[&str], new: &[&str]) -> (usize, usize, usize) {
     let prefix = old.iter().zip(new).take_while(|(o, n)| o == n).count();
     let limit = old.len().min(new.len()) - prefix;
     let suffix = old
@@ -150,6 +150,18 @@ pub fn differing_sections(old: &[&str], new: &[&str]) -> (usize, usize, usize) {
         new_end += 1;
     }
     (start, old_end, new_end)
+}
+
+/// The sections of `old` and `new` that differ (see `differing_sections`), each parsed: every
+/// section outside them is the same, line for line, in both configurations.
+pub fn changed_sections(old: &str, new: &str) -> (Config, Config) {
+    let old_lines: Vec<&str> = old.lines().collect();
+    let new_lines: Vec<&str> = new.lines().collect();
+    let (start, old_end, new_end) = differing_sections(&old_lines, &new_lines);
+    (
+        Config::parse_lines(old_lines[start..old_end].iter().copied()),
+        Config::parse_lines(new_lines[start..new_end].iter().copied()),
+    )
 }
 
 /// Splits one line into HAProxy words. Double quotes group and allow backslash escapes, single

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use haptic_agent::haproxy_cfg::{differing_sections, Config, ServerLine, SocketAddress};
+use haptic_agent::haproxy_cfg::{changed_sections, Config, ServerLine, SocketAddress};
 use std::sync::Arc;
 
 use minijinja::value::{Enumerator, Object, Value};
@@ -75,15 +75,8 @@ impl CurrentConfig {
         if old_text == new_text {
             return self.clone();
         }
-        let old_lines: Vec<&str> = old_text.lines().collect();
-        let new_lines: Vec<&str> = new_text.lines().collect();
-        let (start, old_end, new_end) = differing_sections(&old_lines, &new_lines);
-        let old_window = backends_of(&Config::parse_lines(
-            old_lines[start..old_end].iter().copied(),
-        ));
-        let new_window = backends_of(&Config::parse_lines(
-            new_lines[start..new_end].iter().copied(),
-        ));
+        let (old_window, new_window) = changed_sections(old_text, new_text);
+        let (old_window, new_window) = (backends_of(&old_window), backends_of(&new_window));
         let mut backends = (*self.backends).clone();
         // A name that also occurs outside the window (a duplicate section) would make the
         // window's entries not the map's: parse everything then.
