@@ -11,6 +11,7 @@ ensure_packages haproxy:haproxy socat:socat openssl:openssl curl:curl ss:iproute
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
+(cd fuzz && cargo fmt -- --check)
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "==> cargo test --workspace"
@@ -19,4 +20,10 @@ echo "==> chart and static binaries"
 scripts/test-chart.sh
 echo "==> scripts/demo.sh --check"
 scripts/demo.sh --check
+echo "==> fuzz smoke (scripts/fuzz.sh, 5 s per target)"
+fuzz_out=$(mktemp -d /tmp/haptic-fuzz-smoke.XXXXXX)
+trap 'rm -rf "$fuzz_out"' EXIT
+for target in $(scripts/fuzz.sh --list); do
+  FUZZ_OUT=$fuzz_out scripts/fuzz.sh "$target" 5
+done
 echo "==> all tests passed"

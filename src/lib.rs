@@ -10,6 +10,8 @@ pub mod cli;
 pub mod config;
 pub mod controller;
 pub(crate) mod deploy;
+#[doc(hidden)]
+pub mod fuzzing;
 pub(crate) mod kinds;
 pub mod kube;
 pub mod logger;

@@ -25,10 +25,8 @@ pub fn check_path_shape(path: &str) -> Result<(), String> {
         return Err("empty file path".into());
     }
     if path.len() > 1024 {
-        return Err(format!(
-            "file path longer than 1024 bytes: {}…",
-            &path[..64.min(path.len())]
-        ));
+        let shown: String = path.chars().take(64).collect();
+        return Err(format!("file path longer than 1024 bytes: {shown}…"));
     }
     if path.starts_with('/') {
         return Err(format!(
@@ -242,6 +240,16 @@ mod tests {
         assert!(check_path_shape("../x")
             .unwrap_err()
             .contains("must stay inside"));
+        // A long path is refused with its start shown, also when a character straddles the cut.
+        let long = format!("{}é{}", "a".repeat(63), "b".repeat(1000));
+        let err = check_path_shape(&long).unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "file path longer than 1024 bytes: {}é…",
+                "a".repeat(63)
+            )),
+            "{err}"
+        );
     }
 
     #[test]

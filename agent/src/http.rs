@@ -158,10 +158,17 @@ pub fn body_length(head: &Head, limits: &Limits) -> Result<usize, ReadError> {
 }
 
 /// Reads exactly `len` body bytes, giving up at `deadline`.
+///
+/// The buffer grows as bytes arrive (at most 1 MiB ahead of them), so an announced length alone
+/// does not reserve memory.
 pub fn read_body<R: Read>(r: &mut R, len: usize, deadline: Instant) -> Result<Vec<u8>, ReadError> {
-    let mut body = vec![0u8; len];
+    const STEP: usize = 1 << 20;
+    let mut body = Vec::new();
     let mut filled = 0;
     while filled < len {
+        if body.len() == filled {
+            body.resize(len.min(filled + STEP), 0);
+        }
         if Instant::now() > deadline {
             return Err(ReadError::Io(io::Error::new(
                 io::ErrorKind::TimedOut,
@@ -311,6 +318,13 @@ mod tests {
             read_head(&mut io::BufReader::new(&raw[..]), &tiny),
             Err(ReadError::HeadTooLarge)
         ));
+        // A body that ends before its announced length is refused with the count that arrived.
+        let mut short = io::BufReader::new(&b"abc"[..]);
+        let deadline = Instant::now() + std::time::Duration::from_secs(1);
+        match read_body(&mut short, 60_000_000, deadline) {
+            Err(ReadError::Malformed(m)) => assert!(m.contains("after 3 of 60000000"), "{m}"),
+            other => panic!("{other:?}"),
+        }
         let bad = b"GARBAGE\r\n\r\n";
         assert!(matches!(
             read_head(&mut io::BufReader::new(&bad[..]), &limits),

@@ -32,6 +32,8 @@ pub mod http;
 // The agent itself (used by the `haptic-agent` binary; public for its integration tests).
 pub mod apply;
 pub mod files;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod haproxy;
 mod recover;
 pub mod runtime;

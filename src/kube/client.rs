@@ -3,7 +3,7 @@
 //! HTTP code and the API server's `Status` message.
 
 use std::fmt;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -478,11 +478,10 @@ impl Client {
             let text = response.into_body().read_to_string().unwrap_or_default();
             return Err(api_error("watch", &path, code, &text));
         }
-        Ok(WatchStream {
-            path,
-            reader: BufReader::new(Box::new(response.into_body().into_reader())),
-            line: String::new(),
-        })
+        Ok(WatchStream::from_reader(
+            &path,
+            Box::new(response.into_body().into_reader()),
+        ))
     }
 
     fn send(
@@ -656,11 +655,26 @@ fn api_error(verb: &'static str, path: &str, code: u16, body: &str) -> KubeError
     }
 }
 
+/// The largest watch event line read (etcd refuses objects over 1.5 MiB by default; this leaves
+/// room for much larger limits while keeping one line's memory bounded).
+const MAX_EVENT_BYTES: usize = 64 * 1024 * 1024;
+
 /// The events of one watch, in order.
 pub struct WatchStream {
     path: String,
     reader: BufReader<Box<dyn std::io::Read + Send>>,
     line: String,
+}
+
+impl WatchStream {
+    /// A watch stream over any reader of newline-delimited events (`path` names it in errors).
+    pub fn from_reader(path: &str, reader: Box<dyn std::io::Read + Send>) -> WatchStream {
+        WatchStream {
+            path: path.to_string(),
+            reader: BufReader::new(reader),
+            line: String::new(),
+        }
+    }
 }
 
 impl Iterator for WatchStream {
@@ -669,8 +683,16 @@ impl Iterator for WatchStream {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             self.line.clear();
-            match self.reader.read_line(&mut self.line) {
+            let limit = MAX_EVENT_BYTES as u64 + 1;
+            match (&mut self.reader).take(limit).read_line(&mut self.line) {
                 Ok(0) => return None,
+                Ok(n) if n > MAX_EVENT_BYTES => {
+                    return Some(Err(KubeError::Transport {
+                        verb: "watch",
+                        path: self.path.clone(),
+                        error: format!("an event is larger than {MAX_EVENT_BYTES} bytes"),
+                    }))
+                }
                 Ok(_) if self.line.trim().is_empty() => continue,
                 Ok(_) => {
                     let parsed: Result<Value, _> = serde_json::from_str(self.line.trim());

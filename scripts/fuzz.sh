@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing with AFL++ through cargo-afl (stable toolchain).
+#
+#   scripts/fuzz.sh TARGET SECONDS        fuzz one target (or `all`, one after another)
+#   scripts/fuzz.sh --list                the targets
+#   FUZZ_UPDATE_CORPUS=1 scripts/fuzz.sh TARGET SECONDS
+#                                         also minimise the queue into fuzz/corpus/TARGET
+#
+# Targets live in fuzz/src/bin/ and call haptic::fuzzing / haptic_agent::fuzzing, which check
+# invariants as well as "no panic". The run starts from the committed corpus fuzz/corpus/TARGET;
+# its queue and any crash are kept in target/fuzz-out/TARGET (FUZZ_OUT overrides). Prints
+#   fuzz target=T seconds=S execs=N execs_per_sec=R corpus=C crashes=K hangs=H
+# and exits 1 when the run found a crash, naming the files that reproduce it
+# (`target/fuzz/release/T < FILE`).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+TARGETS=(config duration haproxy_cfg watch_stream store_paths http_request bundle)
+
+if [ "${1:-}" = --list ]; then printf '%s\n' "${TARGETS[@]}"; exit 0; fi
+[ $# -eq 2 ] || { echo "usage: scripts/fuzz.sh TARGET|all SECONDS" >&2; exit 2; }
+target=$1 seconds=$2
+
+export CARGO_TARGET_DIR="$ROOT/target/fuzz"
+
+# cargo-afl and its AFL++ runtime (built once per toolchain under ~/.local/share/afl.rs).
+if ! cargo afl --version >/dev/null 2>&1; then
+  echo "==> installing cargo-afl" >&2
+  cargo install cargo-afl --version 0.18.2 --locked --quiet
+fi
+if ! out=$(cargo afl config --build 2>&1) && ! grep -q "already built" <<<"$out"; then
+  echo "$out" >&2
+  echo "cargo afl config --build failed" >&2
+  exit 1
+fi
+
+run_one() {
+  local t=$1 found=0
+  [ -f "$ROOT/fuzz/src/bin/$t.rs" ] || { echo "unknown fuzz target $t (scripts/fuzz.sh --list)" >&2; return 2; }
+  (cd "$ROOT/fuzz" && cargo afl build --release --quiet --bin "$t")
+  local out=${FUZZ_OUT:-$ROOT/target/fuzz-out}/$t
+  rm -rf "$out"
+  mkdir -p "$out"
+  local dict=()
+  [ -f "$ROOT/fuzz/dict/$t.dict" ] && dict=(-x "$ROOT/fuzz/dict/$t.dict")
+  # No CPU binding (two runs may share this machine), no UI, a crash may go unreported to the
+  # kernel's core handler; -t bounds one input (config validation compiles templates).
+  AFL_NO_AFFINITY=1 AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 \
+    AFL_QUIET=1 AFL_SUPPRESS_AFL_OUTPUT=1 \
+    cargo afl fuzz -i "$ROOT/fuzz/corpus/$t" -o "$out" -V "$seconds" -t 2000 "${dict[@]}" \
+    -- "$CARGO_TARGET_DIR/release/$t" >"$out/afl.log" 2>&1 || {
+      tail -20 "$out/afl.log" >&2
+      echo "afl-fuzz failed for $t (log: $out/afl.log)" >&2
+      return 1
+    }
+  local stats=$out/default/fuzzer_stats
+  stat() { awk -F' *: *' -v k="$1" '$1 == k {print $2}' "$stats"; }
+  local crashes hangs
+  crashes=$(stat saved_crashes) hangs=$(stat saved_hangs)
+  echo "fuzz target=$t seconds=$seconds execs=$(stat execs_done) execs_per_sec=$(stat execs_per_sec)" \
+    "corpus=$(stat corpus_count) crashes=$crashes hangs=$hangs"
+  if [ "${crashes:-0}" != 0 ]; then
+    found=1
+    for f in "$out"/default/crashes/id:*; do
+      echo "  crash: $f (reproduce: $CARGO_TARGET_DIR/release/$t < '$f')" >&2
+    done
+  fi
+  if [ "${FUZZ_UPDATE_CORPUS:-0}" = 1 ]; then
+    local min=$out/cmin
+    AFL_NO_AFFINITY=1 cargo afl cmin -i "$out/default/queue" -o "$min" -t 2000 \
+      -- "$CARGO_TARGET_DIR/release/$t" >"$out/cmin.log" 2>&1 || true
+    # afl-cmin sometimes records no coverage for a small target; keep the whole queue then.
+    if ! compgen -G "$min/*" >/dev/null; then
+      echo "  afl-cmin kept nothing (log: $out/cmin.log); using the whole queue" >&2
+      min=$out/default/queue
+    fi
+    rm -rf "$ROOT/fuzz/corpus/$t"
+    mkdir -p "$ROOT/fuzz/corpus/$t"
+    local i=0 f
+    for f in "$min"/*; do
+      [ -f "$f" ] || continue
+      cp "$f" "$ROOT/fuzz/corpus/$t/$(printf 'c%04d' $i)"
+      i=$((i + 1))
+    done
+    echo "  corpus: $i inputs in fuzz/corpus/$t"
+  fi
+  return $found
+}
+
+status=0
+if [ "$target" = all ]; then
+  for t in "${TARGETS[@]}"; do run_one "$t" || status=1; done
+else
+  run_one "$target" || status=1
+fi
+exit $status
