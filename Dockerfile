@@ -110,4 +110,7 @@ LABEL org.opencontainers.image.title="haptic-haproxy" \
 COPY --from=dist /haproxy /usr/local/sbin/haproxy
 COPY --from=dist /skel/ /
 USER 65532:65532
+# SIGTERM stops HAProxy at once, cutting connections in flight; SIGUSR1 is its soft stop
+# (listeners close, connections finish, bounded by hard-stop-after). The kubelet sends this.
+STOPSIGNAL SIGUSR1
 ENTRYPOINT ["/usr/local/sbin/haproxy"]

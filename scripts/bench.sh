@@ -11,6 +11,10 @@
 #                               with N Ingresses (default 1,000; `all` runs 1,000 and 10,000),
 #                               through two HAProxy pods, with a warm standby controller and
 #                               without it; and a burst of 1,000 EndpointSlice updates
+#   scripts/bench.sh soak       load through two HAProxy pods while endpoints roll, routes come
+#                               and go, the leader is killed and SIGTERMed, an agent restarts,
+#                               the API server fails, HAProxy restarts and a pod is drained:
+#                               failed requests and convergence per phase
 #   scripts/bench.sh agent      agent apply latency, runtime- and reload-class changes, on a
 #                               1,000-backend config (scripts/bench-agent.sh)
 set -euo pipefail
@@ -45,6 +49,11 @@ bench_watch() {
   cargo bench --quiet --bench watch_ingest 2>/dev/null | grep '^watch-ingest'
 }
 
+bench_soak() {
+  ensure_packages haproxy:haproxy openssl:openssl ss:iproute2
+  cargo bench --quiet --bench soak 2>/dev/null | grep '^soak'
+}
+
 bench_latency() {
   ensure_packages haproxy:haproxy openssl:openssl ss:iproute2
   local n
@@ -62,9 +71,10 @@ trap 'rm -f "$report"' EXIT
     render) bench_render ;;
     watch) bench_watch ;;
     latency) shift; bench_latency "$@" ;;
+    soak) bench_soak ;;
     agent) scripts/bench-agent.sh ;;
-    all) bench_render; bench_watch; bench_latency 1000 10000; scripts/bench-agent.sh ;;
-    *) echo "unknown benchmark $which (render, watch, latency, agent, all)" >&2; exit 2 ;;
+    all) bench_render; bench_watch; bench_latency 1000 10000; bench_soak; scripts/bench-agent.sh ;;
+    *) echo "unknown benchmark $which (render, watch, latency, soak, agent, all)" >&2; exit 2 ;;
   esac
 } | tee "$report"
 python3 scripts/bench-report.py < "$report"

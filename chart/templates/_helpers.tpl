@@ -185,6 +185,7 @@ templatingSettings:
     https_port: {{ .Values.haproxy.ports.https }}
     status_port: {{ .Values.haproxy.ports.status }}
     status_stats: {{ .Values.haproxy.stats }}
+    hard_stop_after_seconds: {{ .Values.haproxy.drain.hardStopAfterSeconds | int }}
     default_ssl_cert_namespace: {{ include "haptic.defaultCertNamespace" . | quote }}
     default_ssl_cert_name: {{ .Values.defaultSSLCertificate.name | quote }}
     ingress_class: {{ .Values.ingressClass.name | quote }}

@@ -65,7 +65,7 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
-/// A tiny HTTP backend answering `NAME` to everything.
+/// A tiny HTTP backend answering `NAME` to everything (after a delay for `/slow/MS`).
 pub struct Backend {
     pub name: String,
     pub port: u16,
@@ -94,6 +94,12 @@ impl Backend {
                             Ok(0) | Err(_) => return,
                             Ok(n) => request.extend_from_slice(&buf[..n]),
                         }
+                    }
+                    // `GET /slow/MS` answers after MS milliseconds (a long request).
+                    let head = String::from_utf8_lossy(&request);
+                    let path = head.split_whitespace().nth(1).unwrap_or("/");
+                    if let Some(ms) = path.strip_prefix("/slow/").and_then(|m| m.parse().ok()) {
+                        std::thread::sleep(Duration::from_millis(ms));
                     }
                     let body = format!("{name}\n");
                     let _ = write!(
@@ -199,6 +205,12 @@ impl HaproxyPod {
             .status()
             .unwrap();
         assert!(status.success(), "haptic-agent init failed");
+        self.spawn_haproxy();
+    }
+
+    /// Starts HAProxy on the configuration already in the pod's directory, as a container
+    /// restart does (the init step ran once, at pod start).
+    pub fn spawn_haproxy(&mut self) {
         let _ = std::fs::remove_file(self.master_socket());
         let child = Command::new("haproxy")
             .args([
@@ -226,6 +238,35 @@ impl HaproxyPod {
         if let Some(mut c) = self.haproxy.take() {
             kill(&mut c);
         }
+    }
+
+    /// Sends HAProxy's master SIGUSR1 (soft stop: listeners close, connections in flight
+    /// finish, bounded by `hard-stop-after`), as Kubernetes does through the image's
+    /// STOPSIGNAL. Returns how long HAProxy took to exit and whether it did within `limit`
+    /// (it is killed otherwise).
+    pub fn soft_stop_haproxy(&mut self, limit: Duration) -> (Duration, bool) {
+        self.signal_haproxy("USR1", limit)
+    }
+
+    /// Sends HAProxy's master `signal` (`USR1`, `TERM`, …) and waits up to `limit` for it to
+    /// exit (it is killed otherwise): how long it took, and whether it exited on its own.
+    pub fn signal_haproxy(&mut self, signal: &str, limit: Duration) -> (Duration, bool) {
+        let started = Instant::now();
+        let mut exited = false;
+        if let Some(mut c) = self.haproxy.take() {
+            let _ = Command::new("kill")
+                .args([&format!("-{signal}"), &c.id().to_string()])
+                .status();
+            while started.elapsed() < limit {
+                if c.try_wait().ok().flatten().is_some() {
+                    exited = true;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            kill(&mut c);
+        }
+        (started.elapsed(), exited)
     }
 
     pub fn start_agent(&mut self) {
