@@ -7,8 +7,9 @@ use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use haptic::kube::client::ResourceRef;
 use serde_json::json;
-use support::cluster::{Backend, Cluster};
+use support::cluster::{Backend, Cluster, NS};
 use support::wait_for;
 use support::Tied;
 
@@ -202,12 +203,43 @@ fn endpoint_scaling_is_runtime_and_template_changes_apply_live() {
     c.apply_config(&c.config_object(&snippet("'http-request return status 418 content-type text/plain string teapot if { path /teapot }'")));
     c.wait_route("web.example.com", "/teapot", 418, "teapot", DEADLINE);
 
-    // A setting read once at start-up does not change silently: a Warning event says which
-    // settings need a restart; everything else of the same config applies live.
+    // Election timings apply live: the leader writes the new lease duration into the Lease
+    // with its next renewal, while the rest of the same config reaches traffic.
     let mut changed = c.config_object(&snippet("'http-request return status 418 content-type text/plain string teapot2 if { path /teapot }'"));
     changed["spec"]["controller"]["leaderElection"]["leaseDuration"] = json!("4s");
     c.apply_config(&changed);
     c.wait_route("web.example.com", "/teapot", 418, "teapot2", DEADLINE);
+    let leases = ResourceRef::new("coordination.k8s.io/v1", "leases", true);
+    wait_for("the Lease carries the new duration", DEADLINE, || {
+        c.client
+            .get(&leases, Some(NS), "haptic-leader")
+            .is_ok_and(|l| l.pointer("/spec/leaseDurationSeconds") == Some(&json!(4)))
+    });
+
+    // So does the agents' port: on a port where no agent listens, pushes fail and Deployed
+    // says so; back on the right one, the change held back arrives.
+    let teapot3 = snippet("'http-request return status 418 content-type text/plain string teapot3 if { path /teapot }'");
+    let mut moved = c.config_object(&teapot3);
+    moved["spec"]["dataplane"]["port"] = json!(5599);
+    c.apply_config(&moved);
+    wait_for("Deployed=False on the wrong agent port", DEADLINE, || {
+        c.condition("Deployed").is_some_and(|(s, _)| s == "False")
+    });
+    assert_eq!(
+        c.request(0, "web.example.com", "/teapot").map(|(_, b)| b),
+        Some("teapot2".to_string()),
+        "no agent answers on 5599: the pods keep the last pushed config"
+    );
+    c.apply_config(&c.config_object(&teapot3));
+    c.wait_route("web.example.com", "/teapot", 418, "teapot3", DEADLINE);
+
+    // Which lease, and whether to elect at all, are read once at start-up (switching either
+    // while replicas run could leave two leaders for a moment): a change does not pass
+    // silently, a Warning event names it, and everything else of the same config applies live.
+    let mut renamed = c.config_object(&snippet("'http-request return status 418 content-type text/plain string teapot4 if { path /teapot }'"));
+    renamed["spec"]["controller"]["leaderElection"]["leaseName"] = json!("other-lease");
+    c.apply_config(&renamed);
+    c.wait_route("web.example.com", "/teapot", 418, "teapot4", DEADLINE);
     wait_for("a RestartRequired event", DEADLINE, || {
         let (_, out) = c.kubectl(
             &[
@@ -220,7 +252,7 @@ fn endpoint_scaling_is_runtime_and_template_changes_apply_live() {
         );
         out.lines().any(|l| {
             l.starts_with("RestartRequired:")
-                && l.contains("controller.leaderElection.leaseDuration (4s)")
+                && l.contains("controller.leaderElection.leaseName (other-lease)")
         })
     });
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 use crate::config::{ConfigDocument, Spec};
 use crate::deploy::DeployerConfig;
 use crate::kube::client::{Client, ListParams};
+use crate::kube::lease::LiveTimings;
 use crate::kube::reflector::{snapshot, Reflector, ReflectorEvent, SharedStore};
 use crate::render::Engine;
 use crate::store::{ObjectFilter, Store};
@@ -48,6 +49,7 @@ pub(super) struct ConfigWatcher {
     shared: Arc<Shared>,
     watchers: Arc<Mutex<Watchers>>,
     deployer_config: Arc<Mutex<DeployerConfig>>,
+    lease_timings: LiveTimings,
     status: Sender<StatusMsg>,
     /// The config in effect.
     active: Option<Arc<ActiveConfig>>,
@@ -61,6 +63,8 @@ pub(super) struct ConfigWatcherDeps {
     pub shared: Arc<Shared>,
     pub watchers: Arc<Mutex<Watchers>>,
     pub deployer_config: Arc<Mutex<DeployerConfig>>,
+    /// The elector's durations, followed while it runs.
+    pub lease_timings: LiveTimings,
     pub status: Sender<StatusMsg>,
 }
 
@@ -106,6 +110,7 @@ impl ConfigWatcher {
             shared: deps.shared,
             watchers: deps.watchers,
             deployer_config: deps.deployer_config,
+            lease_timings: deps.lease_timings,
             status: deps.status,
             active: None,
             startup: None,
@@ -199,13 +204,22 @@ impl ConfigWatcher {
             let mut d = lock(&self.deployer_config);
             d.min_deployment_interval = config.spec.min_deployment_interval();
             d.drift_prevention_interval = config.spec.drift_prevention_interval();
+            d.agent_port = config.spec.dataplane_port();
+            d.agent_timeout = config.spec.deployment_timeout();
         }
+        *lock(&self.lease_timings) = (
+            config.spec.lease_duration(),
+            config.spec.renew_deadline(),
+            config.spec.retry_period(),
+        );
         *lock(&self.shared.config) = Some(config.clone());
         let _ = self.status.send(StatusMsg::ConfigValidation {
             generation: config.generation,
             error: None,
         });
-        // Settings read once when the runtime starts: a change is reported, not ignored.
+        // Settings read once when the runtime starts (which lease, and whether to elect at
+        // all: switching either while replicas run could leave two leaders for a moment): a
+        // change is reported, not ignored.
         match &self.startup {
             None => self.startup = Some(startup_settings(&config.spec)),
             Some(first) => {
@@ -228,8 +242,8 @@ impl ConfigWatcher {
     }
 }
 
-/// The settings the controller reads once, when its runtime starts (the elector, the agent
-/// client), with their values: field path and value.
+/// The settings the controller reads once, when its runtime starts (the elector), with their
+/// values: field path and value. Every other setting applies live.
 fn startup_settings(spec: &Spec) -> Vec<(&'static str, String)> {
     vec![
         (
@@ -237,22 +251,5 @@ fn startup_settings(spec: &Spec) -> Vec<(&'static str, String)> {
             spec.leader_election_enabled().to_string(),
         ),
         ("controller.leaderElection.leaseName", spec.lease_name()),
-        (
-            "controller.leaderElection.leaseDuration",
-            format!("{:?}", spec.lease_duration()),
-        ),
-        (
-            "controller.leaderElection.renewDeadline",
-            format!("{:?}", spec.renew_deadline()),
-        ),
-        (
-            "controller.leaderElection.retryPeriod",
-            format!("{:?}", spec.retry_period()),
-        ),
-        ("dataplane.port", spec.dataplane_port().to_string()),
-        (
-            "dataplane.deploymentTimeout",
-            format!("{:?}", spec.deployment_timeout()),
-        ),
     ]
 }

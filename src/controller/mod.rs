@@ -25,7 +25,7 @@ use crate::deploy::agent_client::{AgentClient, AgentTls, Transport};
 use crate::deploy::{DeployMsg, Deployer, DeployerConfig};
 use crate::kube::client::Client;
 use crate::kube::config::KubeConfig;
-use crate::kube::lease::{Elector, LeaderEvent, Leadership, LeaseConfig};
+use crate::kube::lease::{Elector, LeaderEvent, Leadership, LeaseConfig, LiveTimings};
 use crate::kube::reflector::ReflectorEvent;
 use crate::metrics::Registry;
 use config_watch::{ConfigWatcher, ConfigWatcherDeps};
@@ -128,6 +128,7 @@ struct Wiring<'a> {
     shared: &'a Arc<Shared>,
     watchers: &'a Arc<Mutex<Watchers>>,
     deployer_config: &'a Arc<Mutex<DeployerConfig>>,
+    lease_timings: &'a LiveTimings,
     ch: &'a Channels,
     elector_stop: &'a Arc<AtomicBool>,
     stop: &'a Arc<AtomicBool>,
@@ -143,6 +144,7 @@ fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
         shared,
         watchers,
         deployer_config,
+        lease_timings,
         ch,
         elector_stop,
         stop,
@@ -161,7 +163,8 @@ fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
             },
             ch.leader_tx.clone(),
             elector_stop.clone(),
-        );
+        )
+        .follow_timings(lease_timings.clone());
         let leadership = elector.leadership();
         (leadership, Some(spawn("lease", move || elector.run())?))
     } else {
@@ -287,7 +290,15 @@ pub fn run(opts: Options) -> Result<(), String> {
         min_deployment_interval: Duration::from_secs(2),
         drift_prevention_interval: Duration::from_secs(60),
         haproxy_version: Some(haproxy_version),
+        agent_port: 5555,
+        agent_timeout: Duration::from_secs(30),
     }));
+    // Replaced by the first valid config before the elector starts.
+    let lease_timings: LiveTimings = Arc::new(Mutex::new((
+        Duration::from_secs(15),
+        Duration::from_secs(10),
+        Duration::from_secs(2),
+    )));
     let reflector_stop = Arc::new(AtomicBool::new(false));
     let (config_events_tx, config_events_rx) = unbounded::<ReflectorEvent>();
     let mut config_watcher = ConfigWatcher::start(
@@ -300,6 +311,7 @@ pub fn run(opts: Options) -> Result<(), String> {
             shared: shared.clone(),
             watchers: watchers.clone(),
             deployer_config: deployer_config.clone(),
+            lease_timings: lease_timings.clone(),
             status: ch.status_tx.clone(),
         },
     );
@@ -311,6 +323,7 @@ pub fn run(opts: Options) -> Result<(), String> {
         shared: &shared,
         watchers: &watchers,
         deployer_config: &deployer_config,
+        lease_timings: &lease_timings,
         ch: &ch,
         elector_stop: &elector_stop,
         stop: &stop,

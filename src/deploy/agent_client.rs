@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use haptic_agent::reload::Reloading;
@@ -35,8 +35,8 @@ pub(crate) enum Transport {
 
 pub(crate) struct AgentClient {
     transport: Transport,
-    port: u16,
-    timeout: Duration,
+    /// The agents' port and the per-call timeout (config settings that change live).
+    endpoint: Mutex<(u16, Duration)>,
     /// The TLS client configuration, rebuilt when the mounted files change.
     cached: Reloading<Arc<ClientConfig>>,
 }
@@ -57,8 +57,7 @@ impl Reply {
 impl AgentClient {
     pub(crate) fn new(transport: Transport, port: u16, timeout: Duration) -> AgentClient {
         AgentClient {
-            port,
-            timeout,
+            endpoint: Mutex::new((port, timeout)),
             cached: Reloading::new(match &transport {
                 Transport::Tls(tls) => ["tls.crt", "tls.key", "ca.crt"]
                     .map(|f| tls.dir.join(f))
@@ -67,6 +66,14 @@ impl AgentClient {
             }),
             transport,
         }
+    }
+
+    /// Sets the agents' port and the per-call timeout; whether the port changed.
+    pub(crate) fn set_endpoint(&self, port: u16, timeout: Duration) -> bool {
+        let mut endpoint = crate::lock(&self.endpoint);
+        let moved = endpoint.0 != port;
+        *endpoint = (port, timeout);
+        moved
     }
 
     fn config(&self, tls: &AgentTls) -> Result<Arc<ClientConfig>, String> {
@@ -106,12 +113,13 @@ impl AgentClient {
         body: Option<&[u8]>,
     ) -> Result<Reply, String> {
         let ip: std::net::IpAddr = ip.parse().map_err(|_| format!("bad pod IP {ip:?}"))?;
-        let addr = SocketAddr::new(ip, self.port);
-        let tcp = TcpStream::connect_timeout(&addr, self.timeout.min(Duration::from_secs(5)))
+        let (port, timeout) = *crate::lock(&self.endpoint);
+        let addr = SocketAddr::new(ip, port);
+        let tcp = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(5)))
             .map_err(|e| format!("connect {addr}: {e}"))?;
-        tcp.set_read_timeout(Some(self.timeout))
+        tcp.set_read_timeout(Some(timeout))
             .map_err(|e| e.to_string())?;
-        tcp.set_write_timeout(Some(self.timeout))
+        tcp.set_write_timeout(Some(timeout))
             .map_err(|e| e.to_string())?;
         let context = |e: String| format!("{method} {path} to {addr}: {e}");
         match &self.transport {

@@ -84,6 +84,10 @@ pub(crate) struct DeployerConfig {
     pub drift_prevention_interval: Duration,
     /// `major.minor` of the controller's haproxy; pods running another version are refused.
     pub haproxy_version: Option<String>,
+    /// `dataplane.port` and `dataplane.deploymentTimeout`: where agents listen, and how long
+    /// one call to an agent may take.
+    pub agent_port: u16,
+    pub agent_timeout: Duration,
 }
 
 pub(crate) struct Deployer {
@@ -220,7 +224,13 @@ impl Deployer {
             config.drift_prevention_interval,
             config.haproxy_version.clone(),
         );
+        let (port, timeout) = (config.agent_port, config.agent_timeout);
         drop(config);
+        if self.client.set_endpoint(port, timeout) {
+            // The agents moved: learn what each one runs at its new address before pushing.
+            log::info!("agents are now reached on port {port}");
+            plan.new_term(Instant::now());
+        }
 
         let (probes, drift_round) = plan.probes(Instant::now(), drift_interval);
         let answers = parallel(

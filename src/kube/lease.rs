@@ -8,7 +8,7 @@
 //! holder so a standby takes over within one retry period.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::Sender;
@@ -25,6 +25,11 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
     pub retry_period: Duration,
 }
+
+/// The three durations of an election, which a config change may update while the elector
+/// runs: `(lease_duration, renew_deadline, retry_period)`. Every replica waits on the duration
+/// the Lease itself carries, so a change takes effect with the leader's next renewal.
+pub type LiveTimings = Arc<Mutex<(Duration, Duration, Duration)>>;
 
 /// Leadership changes, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,7 +107,10 @@ struct Observation {
 }
 
 pub struct Elector {
+    /// The client without the per-call timeout (rebuilt when `retry_period` changes).
+    base_client: Client,
     client: Client,
+    timings: Option<LiveTimings>,
     leadership: Arc<Leadership>,
     config: LeaseConfig,
     events: Sender<LeaderEvent>,
@@ -126,13 +134,10 @@ impl Elector {
         events: Sender<LeaderEvent>,
         stop: Arc<AtomicBool>,
     ) -> Elector {
-        // Each lease call is bounded so one attempt (get + update) fits in the renew deadline.
-        let timeout = config
-            .retry_period
-            .clamp(Duration::from_millis(500), Duration::from_secs(5));
-        let client = client.with_timeout(timeout);
         Elector {
-            client,
+            client: Self::bounded(&client, config.retry_period),
+            base_client: client,
+            timings: None,
             leadership: Arc::default(),
             config,
             events,
@@ -287,9 +292,38 @@ impl Elector {
         }
     }
 
+    /// Each lease call is bounded so one attempt (get + update) fits in the renew deadline.
+    fn bounded(client: &Client, retry_period: Duration) -> Client {
+        client.with_timeout(retry_period.clamp(Duration::from_millis(500), Duration::from_secs(5)))
+    }
+
+    /// Takes later changes of the three durations from `timings` at the start of every round.
+    pub fn follow_timings(mut self, timings: LiveTimings) -> Elector {
+        self.timings = Some(timings);
+        self
+    }
+
+    fn refresh_timings(&mut self) {
+        let Some(timings) = &self.timings else {
+            return;
+        };
+        let (lease, renew, retry) = *timings.lock().unwrap_or_else(|p| p.into_inner());
+        let c = &mut self.config;
+        if (c.lease_duration, c.renew_deadline, c.retry_period) == (lease, renew, retry) {
+            return;
+        }
+        log::info!(
+            "lease={} timings now leaseDuration={lease:?} renewDeadline={renew:?} retryPeriod={retry:?}",
+            c.name
+        );
+        (c.lease_duration, c.renew_deadline, c.retry_period) = (lease, renew, retry);
+        self.client = Self::bounded(&self.base_client, retry);
+    }
+
     /// Campaigns and renews until `stop` is set; then steps down and releases the Lease.
     pub fn run(mut self) {
         while !self.stop.load(Ordering::Relaxed) {
+            self.refresh_timings();
             let started = Instant::now();
             match self.try_acquire_or_renew() {
                 Ok(Attempt::Leading { epoch }) => {
