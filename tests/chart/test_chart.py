@@ -421,6 +421,29 @@ class Manifests(unittest.TestCase):
         cm = one(docs, "ConfigMap", f"{FULLNAME}-haproxy-bootstrap")
         self.assert_haproxy_valid(cm["data"]["haproxy.cfg"])
 
+    def test_haproxy_drain(self):
+        """A deleted pod keeps serving for the preStop delay (endpoints are withdrawn meanwhile),
+        then soft-stops within hard-stop-after, all inside the grace period."""
+        _, _, docs = render("defaults")
+        deploy = one(docs, "Deployment", f"{FULLNAME}-haproxy")
+        haproxy = container(deploy, "haproxy")
+        self.assertEqual(haproxy["lifecycle"], {"preStop": {"sleep": {"seconds": 5}}})
+        self.assertNotIn("lifecycle", container(deploy, "agent"))
+        self.assertEqual(deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], 30)
+        config = one(docs, "HAProxyTemplateConfig", f"{FULLNAME}")
+        self.assertEqual(config["spec"]["templatingSettings"]["extraContext"]["hard_stop_after_seconds"], 20)
+        _, _, docs = render("defaults", {"haproxy": {"drain": {"preStopSeconds": 0}}})
+        self.assertNotIn("lifecycle", container(one(docs, "Deployment", f"{FULLNAME}-haproxy"), "haproxy"))
+        # A drain longer than the grace period would end in SIGKILL: refused, naming the values.
+        ch = Chart.load(str(CHART))
+        try:
+            bad = {"haproxy": {"drain": {"preStopSeconds": 10, "hardStopAfterSeconds": 25}}}
+            with self.assertRaises(helm_python.HelmError) as e:
+                ch.render(bad, name=RELEASE, namespace=NAMESPACE)
+            self.assertIn("haproxy.drain.preStopSeconds (10) + haproxy.drain.hardStopAfterSeconds (25)", str(e.exception))
+        finally:
+            ch.close()
+
     def assert_haproxy_valid(self, cfg):
         haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
         if not os.path.exists(haproxy):

@@ -142,6 +142,9 @@ class Images(unittest.TestCase):
         self.assertEqual(self.images["haptic-controller"].entrypoint(), ["/usr/local/bin/haptic"])
         self.assertEqual(self.images["haptic-controller"].config["config"].get("Cmd"), ["run"])
         self.assertEqual(self.images["haptic-agent"].entrypoint(), ["/usr/local/bin/haptic-agent"])
+        # The kubelet stops HAProxy with the image's STOPSIGNAL: SIGUSR1 is its soft stop
+        # (SIGTERM would cut connections in flight).
+        self.assertEqual(self.images["haptic-haproxy"].config["config"].get("StopSignal"), "SIGUSR1")
 
     def test_names_match_the_chart(self):
         values = yaml.safe_load((CHART / "values.yaml").read_text())
