@@ -28,6 +28,17 @@ pub struct Backend {
 #[derive(Debug, Clone, Default)]
 pub struct CurrentConfig {
     backends: Arc<BTreeMap<String, Arc<Backend>>>,
+    /// Whether some name is defined by more than one section (the later one is in the map).
+    /// An update then parses everything: removing the later section would uncover the earlier.
+    duplicated: bool,
+}
+
+/// The map of `backends_of`'s list, and whether a name occurred twice in it.
+fn collect(list: Vec<(String, Arc<Backend>)>) -> (BTreeMap<String, Arc<Backend>>, bool) {
+    let len = list.len();
+    let map: BTreeMap<_, _> = list.into_iter().collect();
+    let duplicated = map.len() != len;
+    (map, duplicated)
 }
 
 /// The backends (and listens) of a parsed configuration, in order; a later one of the same name
@@ -63,8 +74,10 @@ fn backends_of(config: &Config) -> Vec<(String, Arc<Backend>)> {
 
 impl CurrentConfig {
     pub fn parse(text: &str) -> CurrentConfig {
+        let (backends, duplicated) = collect(backends_of(&Config::parse(text)));
         CurrentConfig {
-            backends: Arc::new(backends_of(&Config::parse(text)).into_iter().collect()),
+            backends: Arc::new(backends),
+            duplicated,
         }
     }
 
@@ -75,25 +88,28 @@ impl CurrentConfig {
         if old_text == new_text {
             return self.clone();
         }
+        if self.duplicated {
+            return CurrentConfig::parse(new_text);
+        }
         let (old_window, new_window) = changed_sections(old_text, new_text);
         let (old_window, new_window) = (backends_of(&old_window), backends_of(&new_window));
         let mut backends = (*self.backends).clone();
-        // A name that also occurs outside the window (a duplicate section) would make the
-        // window's entries not the map's: parse everything then.
-        for (name, backend) in &old_window {
-            if backends.get(name) != Some(backend) {
-                return CurrentConfig::parse(new_text);
-            }
+        // Every name of the old text is defined once: the window's own sections go.
+        for (name, _) in &old_window {
             backends.remove(name);
         }
-        for (name, _) in &new_window {
-            if backends.contains_key(name) {
-                return CurrentConfig::parse(new_text);
-            }
+        // A new section named like one outside the window makes a duplicate: parse everything.
+        if new_window
+            .iter()
+            .any(|(name, _)| backends.contains_key(name))
+        {
+            return CurrentConfig::parse(new_text);
         }
-        backends.extend(new_window);
+        let (added, duplicated) = collect(new_window);
+        backends.extend(added);
         CurrentConfig {
             backends: Arc::new(backends),
+            duplicated,
         }
     }
 
@@ -221,6 +237,17 @@ mod tests {
             let fresh = CurrentConfig::parse(&new);
             assert_eq!(updated.backends, fresh.backends, "round {round}:\n{new}");
         }
+    }
+
+    /// Found by the `haproxy_cfg` fuzz target: two sections of one name with equal content;
+    /// removing the later one uncovers the earlier, which the update must not lose.
+    #[test]
+    fn removing_a_duplicate_section_uncovers_the_earlier_one() {
+        let old = "backend be\n  balance roundrobin\nbackend be\n";
+        let new = "backend be\n  balance roundrobin\nlisten other\n";
+        let updated = CurrentConfig::parse(old).update(old, new);
+        assert!(updated.backend("be").is_some());
+        assert_eq!(updated.backends, CurrentConfig::parse(new).backends);
     }
 
     #[test]
