@@ -450,9 +450,9 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
     );
     // A peer without the API server's trust holds many idle connections to the webhook
     // (never starting TLS): admission still works.
-    let port = c.webhook.as_ref().expect("webhook enabled").1;
+    let (ip, port) = c.webhook_addr().expect("webhook enabled");
     let flood: Vec<_> = (0..150)
-        .filter_map(|_| support::connect_from([127, 0, 0, 3], port).ok())
+        .filter_map(|_| support::connect_from([127, 0, 0, 3], &ip, port).ok())
         .collect();
     assert!(
         flood.len() >= 100,
@@ -649,8 +649,8 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
     std::fs::write(
         dir.join("prometheus.yml"),
         format!(
-            "global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: haptic\n  static_configs:\n  - targets: ['127.0.0.1:{}']\n- job_name: haproxy\n  static_configs:\n  - targets: ['{pod}:{}']\n",
-            c.controllers[0].metrics_port, c.status_port
+            "global: {{scrape_interval: 1s}}\nscrape_configs:\n- job_name: haptic\n  static_configs:\n  - targets: ['{}:{}']\n- job_name: haproxy\n  static_configs:\n  - targets: ['{pod}:{}']\n",
+            c.controllers[0].ip, c.controllers[0].metrics_port, c.status_port
         ),
     )
     .unwrap();

@@ -212,7 +212,7 @@ fn haproxy_restarted_with_the_bootstrap_config_reports_bootstrap() {
     let state = env.state();
     assert_eq!(state["mode"], "bootstrap", "{state:#}");
     assert!(state["bundle"].is_null());
-    assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 503);
+    assert_eq!(probe(&env.ip, env.probe_port, "/readyz").unwrap().0, 503);
     assert_eq!(http_get(&env.fe, "x.example").unwrap(), "bootstrap");
 
     // A base other than `*` cannot match; a takeover push re-applies the bundle.
@@ -226,7 +226,7 @@ fn haproxy_restarted_with_the_bootstrap_config_reports_bootstrap() {
     );
     assert_eq!(env.state()["mode"], "applied");
     assert_eq!(http_get(&env.fe, "x.example").unwrap(), "v1");
-    assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 200);
+    assert_eq!(probe(&env.ip, env.probe_port, "/readyz").unwrap().0, 200);
 }
 
 #[test]

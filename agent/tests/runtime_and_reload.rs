@@ -32,7 +32,7 @@ fn endpoint_moves_through_slots_are_runtime_and_keep_the_worker() {
     let env = Env::start(Options::default());
     let (a1, a2, b1) = (backend("a1"), backend("a2"), backend("b1"));
     assert_eq!(
-        probe(env.probe_port, "/readyz").unwrap().0,
+        probe(&env.ip, env.probe_port, "/readyz").unwrap().0,
         503,
         "not ready before the first bundle"
     );
@@ -48,7 +48,7 @@ fn endpoint_moves_through_slots_are_runtime_and_keep_the_worker() {
     );
     env.apply(&bundle(v1, ""), "reload");
     assert_eq!(http_get(&env.fe, "a.example").unwrap(), "a1");
-    assert_eq!(probe(env.probe_port, "/readyz").unwrap().0, 200);
+    assert_eq!(probe(&env.ip, env.probe_port, "/readyz").unwrap().0, 200);
     let pid = env.worker_pid();
 
     // a1 goes away (slot 1 back to its placeholder), a2 arrives in slot 2.
@@ -191,9 +191,10 @@ fn map_replace_uses_prepare_and_commit_and_changes_routing() {
 fn certificate_swap_and_crt_list_edits_are_runtime() {
     let env = Env::start(Options::default());
     let (a1, b1) = (backend("a1"), backend("b1"));
-    let tls_port = free_port();
+    // HAProxy binds with SO_REUSEPORT: the TLS frontend gets an address of its own.
+    let tls_addr = format!("{}:8443", unique_loopback());
     let dir = env.cfg_dir.display().to_string();
-    let tls = format!("frontend fe_tls\n    bind 127.0.0.1:{tls_port} ssl crt-list {dir}/ssl/list.txt\n    http-request return status 200 content-type text/plain string tls\n");
+    let tls = format!("frontend fe_tls\n    bind {tls_addr} ssl crt-list {dir}/ssl/list.txt\n    http-request return status 200 content-type text/plain string tls\n");
     let cfg = config(
         &env,
         &[format!("server SRV_1 127.0.0.1:{a1} enabled")],
@@ -215,12 +216,12 @@ fn certificate_swap_and_crt_list_edits_are_runtime() {
         Bundle::new(cfg.clone(), files)
     };
     env.apply(&make(&server_pem("site-one"), &list, None), "reload");
-    assert!(served_subject(tls_port, "site.example").contains("site-one"));
+    assert!(served_subject(&tls_addr, "site.example").contains("site-one"));
     let pid = env.worker_pid();
 
     env.apply(&make(&server_pem("site-two"), &list, None), "runtime");
     assert!(
-        served_subject(tls_port, "site.example").contains("site-two"),
+        served_subject(&tls_addr, "site.example").contains("site-two"),
         "new certificate served"
     );
     assert_eq!(env.worker_pid(), pid, "no reload for a certificate swap");
@@ -236,7 +237,7 @@ fn certificate_swap_and_crt_list_edits_are_runtime() {
             .starts_with("new ssl cert"),
         "{reply:#}"
     );
-    assert!(served_subject(tls_port, "extra.example").contains("extra-cert"));
+    assert!(served_subject(&tls_addr, "extra.example").contains("extra-cert"));
 
     let reply = env.apply(&make(&site, &list, None), "runtime");
     assert!(
@@ -248,7 +249,7 @@ fn certificate_swap_and_crt_list_edits_are_runtime() {
         "{reply:#}"
     );
     assert!(
-        served_subject(tls_port, "extra.example").contains("default-cert"),
+        served_subject(&tls_addr, "extra.example").contains("default-cert"),
         "removed entry no longer served"
     );
     assert!(

@@ -37,7 +37,7 @@ fn mtls_refuses_missing_foreign_and_expired_client_certificates() {
         );
     }
     // Plain HTTP on the TLS port gets no API answer.
-    let mut s = TcpStream::connect(("127.0.0.1", env.api_port)).unwrap();
+    let mut s = TcpStream::connect((env.ip.as_str(), env.api_port)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(b"GET /v1/state HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
@@ -147,7 +147,7 @@ fn insecure_basic_auth_mode_requires_the_credentials() {
     std::fs::create_dir_all(&creds).unwrap();
     std::fs::write(creds.join("username"), "admin\n").unwrap();
     std::fs::write(creds.join("password"), "s3cret\n").unwrap();
-    let (api, probes) = (free_port(), free_port());
+    let (ip, api, probes) = (agent_loopback(), 5555, 5556);
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
         .arg("serve")
         .arg("--config-dir")
@@ -158,9 +158,9 @@ fn insecure_basic_auth_mode_requires_the_credentials() {
             "--haproxy-bin",
             HAPROXY,
             "--listen",
-            &format!("127.0.0.1:{api}"),
+            &format!("{ip}:{api}"),
             "--probe-listen",
-            &format!("127.0.0.1:{probes}"),
+            &format!("{ip}:{probes}"),
         ])
         .arg("--insecure-http-with-basic-auth")
         .arg("--credentials")
@@ -175,13 +175,13 @@ fn insecure_basic_auth_mode_requires_the_credentials() {
         group: false,
     };
     wait_for("basic-auth agent", Duration::from_secs(10), || {
-        probe(probes, "/healthz").ok()
+        probe(&ip, probes, "/healthz").ok()
     });
     let plain: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()
         .into();
-    let url = format!("http://127.0.0.1:{api}/v1/state");
+    let url = format!("http://{ip}:{api}/v1/state");
     assert_eq!(plain.get(&url).call().unwrap().status().as_u16(), 401);
     let wrong = format!("Basic {}", haptic_agent::base64::encode(b"admin:nope"));
     assert_eq!(
@@ -220,7 +220,7 @@ fn rotated_tls_files_are_picked_up_without_a_restart() {
         }
     };
     install(&certs().dir);
-    let (api, probes) = (free_port(), free_port());
+    let (ip, api, probes) = (agent_loopback(), 5555, 5556);
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
         .arg("serve")
         .arg("--config-dir")
@@ -231,9 +231,9 @@ fn rotated_tls_files_are_picked_up_without_a_restart() {
             "--haproxy-bin",
             HAPROXY,
             "--listen",
-            &format!("127.0.0.1:{api}"),
+            &format!("{ip}:{api}"),
             "--probe-listen",
-            &format!("127.0.0.1:{probes}"),
+            &format!("{ip}:{probes}"),
         ])
         .arg("--tls-cert")
         .arg(tls.join("agent.crt"))
@@ -251,9 +251,9 @@ fn rotated_tls_files_are_picked_up_without_a_restart() {
         group: false,
     };
     wait_for("rotating agent", Duration::from_secs(10), || {
-        probe(probes, "/healthz").ok()
+        probe(&ip, probes, "/healthz").ok()
     });
-    let url = format!("https://127.0.0.1:{api}/v1/state");
+    let url = format!("https://{ip}:{api}/v1/state");
     let status = |c: ClientCert| client(c).get(&url).call().map(|r| r.status().as_u16()).ok();
     assert_eq!(status(ClientCert::Valid), Some(200));
     assert_eq!(status(ClientCert::OtherSet), None);
@@ -280,7 +280,7 @@ fn idle_unauthenticated_connections_do_not_lock_the_controller_out() {
     let env = Env::start(Options::default());
     // A peer without a certificate opens many connections and never starts a handshake.
     let flood: Vec<TcpStream> = (0..200)
-        .filter_map(|_| connect_from([127, 0, 0, 2], env.api_port).ok())
+        .filter_map(|_| connect_from([127, 0, 0, 2], &env.ip, env.api_port).ok())
         .collect();
     assert!(
         flood.len() >= 100,

@@ -43,23 +43,6 @@ pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
     path
 }
 
-/// A port free on `ip` (nothing listens; HAProxy's SO_REUSEPORT makes a shared port silent).
-pub fn free_port(ip: &str) -> u16 {
-    loop {
-        let listener = TcpListener::bind((ip, 0)).unwrap();
-        let port = listener.local_addr().unwrap().port();
-        drop(listener);
-        let busy = Command::new("ss")
-            .args(["-ltnH"])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).contains(&format!(":{port} ")))
-            .unwrap_or(false);
-        if !busy {
-            return port;
-        }
-    }
-}
-
 fn kill(child: &mut Child) {
     let _ = child.kill();
     let _ = child.wait();
@@ -350,9 +333,10 @@ impl Drop for HaproxyPod {
     }
 }
 
-/// A `haptic run` replica.
+/// A `haptic run` replica; its health and metrics ports listen on an address of its own.
 pub struct Controller {
     pub name: String,
+    pub ip: String,
     pub health_port: u16,
     pub metrics_port: u16,
     child: Option<Child>,
@@ -395,7 +379,7 @@ impl Controller {
     }
 
     pub fn get(&self, port: u16, path: &str) -> Option<(u16, String)> {
-        http_get("127.0.0.1", port, "localhost", path)
+        http_get(&self.ip, port, "localhost", path)
     }
 }
 
@@ -415,8 +399,8 @@ pub struct Cluster {
     pub status_port: u16,
     pub pods: Vec<HaproxyPod>,
     pub controllers: Vec<Controller>,
-    /// Webhook certificate directory and the port controller replicas serve it on.
-    pub webhook: Option<(PathBuf, u16)>,
+    /// Webhook certificate directory and the address controller replicas serve it on.
+    pub webhook: Option<(PathBuf, String, u16)>,
     /// Agents run `--insecure-http-with-basic-auth`; controllers use `--agent-credentials-dir`.
     pub insecure_agents: bool,
     /// The HAProxy binary controllers validate with.
@@ -589,13 +573,15 @@ impl Cluster {
     }
 
     /// Registers a ValidatingWebhookConfiguration for Ingresses pointing at the controller
-    /// replica started next (its webhook listens with a certificate for 127.0.0.1).
+    /// replica started next (its webhook listens on an address of its own, with a certificate
+    /// for it).
     pub fn enable_webhook(&mut self) {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let dir = self.dir.0.join("webhook-certs");
+        let (ip, port) = (super::unique_loopback(), 9443);
         let status = Command::new(root.join("scripts/gen-certs.sh"))
             .arg(&dir)
-            .env("AGENT_SANS", "IP:127.0.0.1")
+            .env("AGENT_SANS", format!("IP:{ip}"))
             .stdout(Stdio::null())
             .status()
             .unwrap();
@@ -604,11 +590,10 @@ impl Cluster {
         std::fs::create_dir_all(&tls).unwrap();
         std::fs::copy(dir.join("agent.crt"), tls.join("tls.crt")).unwrap();
         std::fs::copy(dir.join("agent.key"), tls.join("tls.key")).unwrap();
-        let port = free_port("127.0.0.1");
         let ca = haptic_agent::base64::encode(&std::fs::read(dir.join("ca.crt")).unwrap());
         let hook = json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration", "metadata": {"name": "haptic"},
             "webhooks": [{"name": "ingresses.haproxy-haptic.org", "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 10,
-                "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate"), "caBundle": ca},
+                "clientConfig": {"url": format!("https://{ip}:{port}/validate"), "caBundle": ca},
                 "rules": [{"apiGroups": ["networking.k8s.io"], "apiVersions": ["v1"], "resources": ["ingresses"], "operations": ["CREATE", "UPDATE"]}]}]});
         self.client
             .create(
@@ -621,17 +606,23 @@ impl Cluster {
                 &hook,
             )
             .unwrap();
-        self.webhook = Some((tls, port));
+        self.webhook = Some((tls, ip, port));
+    }
+
+    /// The webhook's address, when enabled.
+    pub fn webhook_addr(&self) -> Option<(String, u16)> {
+        self.webhook
+            .as_ref()
+            .map(|(_, ip, port)| (ip.clone(), *port))
     }
 
     pub fn start_controller(&mut self, name: &str) -> usize {
-        let health_port = free_port("127.0.0.1");
-        let metrics_port = free_port("127.0.0.1");
+        let (ip, health_port, metrics_port) = (super::unique_loopback(), 8080, 9090);
         // Only the first replica gets the registered webhook port; others run without one.
         let webhook = match (&self.webhook, self.controllers.is_empty()) {
-            (Some((dir, port)), true) => vec![
+            (Some((dir, hook_ip, port)), true) => vec![
                 "--webhook-port".to_string(),
-                format!("127.0.0.1:{port}"),
+                format!("{hook_ip}:{port}"),
                 "--webhook-cert-dir".into(),
                 dir.display().to_string(),
             ],
@@ -652,9 +643,9 @@ impl Cluster {
             ])
             .args([
                 "--health-port",
-                &format!("127.0.0.1:{health_port}"),
+                &format!("{ip}:{health_port}"),
                 "--metrics-port",
-                &format!("127.0.0.1:{metrics_port}"),
+                &format!("{ip}:{metrics_port}"),
             ])
             .args(&webhook)
             .args([
@@ -679,6 +670,7 @@ impl Cluster {
             .unwrap();
         self.controllers.push(Controller {
             name: name.into(),
+            ip,
             health_port,
             metrics_port,
             child: Some(child),

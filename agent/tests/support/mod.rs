@@ -23,7 +23,7 @@ use serde_json::Value;
 
 mod os;
 #[allow(unused_imports)] // each test crate uses some of them
-pub use os::{connect_from, unique_loopback, Tied};
+pub use os::{agent_loopback, agent_loopback_sans, connect_from, unique_loopback, Tied};
 
 pub const HAPROXY: &str = "/usr/sbin/haproxy";
 
@@ -40,13 +40,6 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// A port nobody listens on right now (for the agent's own listeners, which do not share
-/// ports: a clash fails loudly).
-pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
 }
 
 fn repo_root() -> PathBuf {
@@ -95,7 +88,10 @@ pub fn certs() -> &'static Certs {
             let status = Command::new(repo_root().join("scripts/gen-certs.sh"))
                 .arg(out)
                 .args(extra)
-                .env("AGENT_SANS", "DNS:haptic-agent,IP:127.0.0.1")
+                .env(
+                    "AGENT_SANS",
+                    format!("DNS:haptic-agent,IP:127.0.0.1,{}", agent_loopback_sans()),
+                )
                 .stdout(Stdio::null())
                 .status()
                 .expect("run scripts/gen-certs.sh");
@@ -141,11 +137,11 @@ pub fn server_pem(cn: &str) -> String {
     pem
 }
 
-/// The subject of the certificate a TLS server presents for `sni`.
-pub fn served_subject(port: u16, sni: &str) -> String {
+/// The subject of the certificate a TLS server at `addr` (`ip:port`) presents for `sni`.
+pub fn served_subject(addr: &str, sni: &str) -> String {
     let out = Command::new("sh")
         .arg("-c")
-        .arg(format!("openssl s_client -connect 127.0.0.1:{port} -servername {sni} </dev/null 2>/dev/null | openssl x509 -noout -subject"))
+        .arg(format!("openssl s_client -connect {addr} -servername {sni} </dev/null 2>/dev/null | openssl x509 -noout -subject"))
         .output()
         .expect("run openssl s_client");
     String::from_utf8_lossy(&out.stdout).trim().to_string()
@@ -313,6 +309,8 @@ pub struct Env {
     pub worker_sock: Option<PathBuf>,
     /// HAProxy's frontend: a fixed port on an address of this test's own.
     pub fe: String,
+    /// The agent's own loopback address; its API listens on `api_port`, probes on `probe_port`.
+    pub ip: String,
     pub api_port: u16,
     pub probe_port: u16,
     pub opts: Options,
@@ -337,8 +335,9 @@ impl Env {
             cfg_dir,
             worker_sock,
             fe: format!("{}:8080", unique_loopback()),
-            api_port: free_port(),
-            probe_port: free_port(),
+            ip: agent_loopback(),
+            api_port: 5555,
+            probe_port: 5556,
             opts,
             haproxy: None,
             agent: None,
@@ -423,8 +422,11 @@ impl Env {
             .arg("--master-socket")
             .arg(&self.master)
             .args(["--haproxy-bin", HAPROXY])
-            .args(["--listen", &format!("127.0.0.1:{}", self.api_port)])
-            .args(["--probe-listen", &format!("127.0.0.1:{}", self.probe_port)])
+            .args(["--listen", &format!("{}:{}", self.ip, self.api_port)])
+            .args([
+                "--probe-listen",
+                &format!("{}:{}", self.ip, self.probe_port),
+            ])
             .arg("--tls-cert")
             .arg(c.join("agent.crt"))
             .arg("--tls-key")
@@ -456,9 +458,9 @@ impl Env {
             name: "haptic-agent",
             group: false,
         });
-        let port = self.probe_port;
+        let (ip, port) = (self.ip.clone(), self.probe_port);
         wait_for("agent /healthz", Duration::from_secs(10), || {
-            probe(port, "/healthz").ok().filter(|(s, _)| *s == 200)
+            probe(&ip, port, "/healthz").ok().filter(|(s, _)| *s == 200)
         });
     }
 
@@ -494,7 +496,7 @@ impl Env {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("https://127.0.0.1:{}{path}", self.api_port)
+        format!("https://{}:{}{path}", self.ip, self.api_port)
     }
 
     /// `PUT /v1/bundle` with extra headers; returns status and JSON body.
@@ -561,9 +563,9 @@ impl Drop for Env {
     }
 }
 
-/// A plain HTTP GET on the probe port: (status, body).
-pub fn probe(port: u16, path: &str) -> Result<(u16, String), String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+/// A plain HTTP GET on the probe port at `ip`: (status, body).
+pub fn probe(ip: &str, port: u16, path: &str) -> Result<(u16, String), String> {
+    let mut s = TcpStream::connect((ip, port)).map_err(|e| e.to_string())?;
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").map_err(|e| e.to_string())?;
     let mut out = String::new();
