@@ -2,7 +2,8 @@
 # Runs the whole system on this machine and shows traffic flowing:
 #   - haptic-dev-apiserver (the Kubernetes API stand-in) with our CRDs,
 #   - two "HAProxy pods": a real HAProxy in master-worker mode plus haptic-agent each, on their
-#     own loopback address (127.0.0.20, 127.0.0.21; HAProxy binds "${POD_IP}"), registered as
+#     own loopback address (127.A.B.20 and .21, A.B from the script's pid, so two demos never
+#     share a listener; HAProxy binds "${POD_IP}"), registered as
 #     Pod objects whose status this script fills in (there is no kubelet),
 #   - two controller replicas (haptic run) electing a leader through a Lease,
 #   - sample backends registered as Services and EndpointSlices, Ingresses applied with kubectl.
@@ -72,8 +73,11 @@ cp "$work/certs/controller.key" "$work/certs/controller/tls.key"
 cp "$work/certs/ca.crt" "$work/certs/controller/ca.crt"
 
 # --- two HAProxy pods ---------------------------------------------------------------------------
+# HAProxy binds with SO_REUSEPORT: addresses of this run's own keep two runs from sharing ports.
+net=127.$((64 + $$ % 64)).$(( ($$ / 64) % 254 + 1 ))
+pod_ips=("$net.20" "$net.21")
 for n in 0 1; do
-  ip=127.0.0.$((20 + n)); dir="$work/haproxy-$n"; mkdir -p "$dir/etc"
+  ip=${pod_ips[$n]}; dir="$work/haproxy-$n"; mkdir -p "$dir/etc"
   printf 'global\n  default-path config\ndefaults\n  mode http\n  timeout client 5s\n  timeout server 5s\n  timeout connect 5s\nfrontend bootstrap\n  bind "${POD_IP}":%s\n  http-request return status 503\n' "$status_port" >"$dir/bootstrap.cfg"
   "$bin/haptic-agent" init --bootstrap "$dir/bootstrap.cfg" --config-dir "$dir/etc" 2>>"$work/agent-$n.log"
   POD_IP=$ip haproxy -W -db -S "$dir/master.sock" -f "$dir/etc/haproxy.cfg" >"$work/haproxy-$n.log" 2>&1 &
@@ -173,11 +177,11 @@ wait_for() { # wait_for IP HOST PATH EXPECTED
 }
 verify() { # verify HOST EXPECTED...: every pod answers with one of the expected bodies
   local host=$1; shift
-  for ip in 127.0.0.20 127.0.0.21; do
+  for ip in "${pod_ips[@]}"; do
     for want in "$@"; do
       wait_for "$ip" "$host" / "$want" || fail "$ip: $host did not answer with $want (got: $(get "$ip" "$host" /))"
     done
-    printf '  %-11s via %-11s -> %s\n' "$host" "$ip" "$(get "$ip" "$host" /)"
+    printf '  %-11s via %-15s -> %s\n' "$host" "$ip" "$(get "$ip" "$host" /)"
   done
 }
 echo "==> routing table, verified with real requests through both HAProxy pods (port $http_port)"
@@ -204,7 +208,7 @@ read -r hp _ <"$work/ctrl-a.ports"
 cat <<MSG
 
 Everything runs under $work (logs: *.log). Try:
-  curl -H 'Host: echo.local' http://127.0.0.20:$http_port/
+  curl -H 'Host: echo.local' http://${pod_ips[0]}:$http_port/
   kubectl --kubeconfig $work/kubeconfig get ingress,endpointslices,pods,lease,haproxytemplateconfig
   kubectl --kubeconfig $work/kubeconfig edit ingress demo          # routing changes within a second
   kubectl --kubeconfig $work/kubeconfig get haproxycfg -o yaml     # the published configuration
