@@ -240,3 +240,86 @@ fn ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     let r = p.https("app.test", "/x", &pki.ca, &[]);
     assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
 }
+
+#[test]
+fn haproxytech_cors_request_redirect_and_src_ip_header() {
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    let ing = |name: &str, annotations: &str| {
+        format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{name: http}}}}}}}}]}}}}]}}\n"
+        )
+    };
+    m.push_str(&ing(
+        "cors",
+        "haproxy.org/cors-enable: \"true\", haproxy.org/cors-allow-origin: \"https://app.test\", haproxy.org/cors-allow-methods: \"GET, PUT\", haproxy.org/cors-max-age: 2m",
+    ));
+    m.push_str(&ing(
+        "moved",
+        "haproxy.org/request-redirect: \"new.test:8443\", haproxy.org/request-redirect-code: \"308\"",
+    ));
+    m.push_str(&ing(
+        "inner",
+        "haproxy.org/src-ip-header: X-Real-IP, haproxy.org/allow-list: \"10.0.0.0/8\"",
+    ));
+    let s = Scenario::start("haproxytech-cors", &m, &[]);
+    let p = &s.proxy;
+
+    // The preflight from the allowed origin is answered by HAProxy.
+    let preflight = |origin: &str| {
+        p.http_with(
+            "cors.test",
+            "/api",
+            &[
+                "-X",
+                "OPTIONS",
+                "-H",
+                &format!("Origin: {origin}"),
+                "-H",
+                "Access-Control-Request-Method: PUT",
+            ],
+        )
+    };
+    let r = preflight("https://app.test");
+    assert_eq!(r.status, 204, "{r:?}");
+    assert_eq!(r.backend(), None, "{r:?}");
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.test")
+    );
+    assert_eq!(r.header("access-control-allow-methods"), Some("GET, PUT"));
+    assert_eq!(r.header("access-control-max-age"), Some("120"));
+    // Another origin's OPTIONS is not ours to answer, and gets no CORS headers.
+    let r = preflight("https://evil.test");
+    assert_eq!(r.backend(), Some("web"), "{r:?}");
+    assert_eq!(r.header("access-control-allow-origin"), None, "{r:?}");
+    // A simple request from the allowed origin carries the header.
+    let r = p.http_with("cors.test", "/x", &["-H", "Origin: https://app.test"]);
+    assert_eq!(r.backend(), Some("web"), "{r:?}");
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.test")
+    );
+
+    // request-redirect keeps the path and query, with the request's scheme.
+    let r = p.http("moved.test", "/a/b?c=1");
+    assert_eq!(r.status, 308, "{r:?}");
+    assert_eq!(
+        r.header("location"),
+        Some("http://new.test:8443/a/b?c=1"),
+        "{r:?}"
+    );
+
+    // src-ip-header: the allow-list judges the address the header names.
+    assert_eq!(p.http("inner.test", "/").status, 403);
+    let r = p.http_with("inner.test", "/", &["-H", "X-Real-IP: 10.1.2.3"]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.backend(), Some("web"));
+    let r = p.http_with("inner.test", "/", &["-H", "X-Real-IP: 192.0.2.1"]);
+    assert_eq!(r.status, 403, "{r:?}");
+    // Other Ingresses are untouched: the header means nothing for them.
+    assert_eq!(
+        p.http_with("cors.test", "/", &["-H", "X-Real-IP: 10.1.2.3"]).status,
+        200
+    );
+}
