@@ -323,3 +323,25 @@ fn haproxytech_cors_request_redirect_and_src_ip_header() {
         200
     );
 }
+
+#[test]
+fn haproxytech_rate_limit_denies_past_the_limit_per_source() {
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    for (name, annotations) in [
+        ("limited", "haproxy.org/rate-limit-requests: \"3\", haproxy.org/rate-limit-period: 1m, haproxy.org/rate-limit-status-code: \"429\""),
+        ("open", "haproxy.org/timeout-server: 30s"),
+    ] {
+        m.push_str(&format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{name: http}}}}}}}}]}}}}]}}\n"
+        ));
+    }
+    let s = Scenario::start("haproxytech-rate-limit", &m, &[]);
+    let p = &s.proxy;
+    // Three requests a minute pass; the fourth is refused with the configured status.
+    let statuses: Vec<u16> = (0..5).map(|_| p.http("limited.test", "/").status).collect();
+    assert_eq!(statuses, [200, 200, 200, 429, 429]);
+    // Another Ingress's traffic is not counted or limited.
+    let statuses: Vec<u16> = (0..5).map(|_| p.http("open.test", "/").status).collect();
+    assert_eq!(statuses, [200; 5]);
+}
