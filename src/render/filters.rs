@@ -141,6 +141,23 @@ fn has_prefixed_key(map: Value, prefix: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// `base | overlay(top)`: one map of both, `top`'s entries replacing `base`'s (a Service's
+/// annotations over its Ingress's). Anything that is not a map counts as empty.
+fn overlay(base: Value, top: Value) -> Value {
+    let mut out = std::collections::BTreeMap::new();
+    for map in [base, top] {
+        if map.kind() != ValueKind::Map {
+            continue;
+        }
+        for key in map.try_iter().into_iter().flatten() {
+            if let Ok(value) = map.get_item(&key) {
+                out.insert(key, value);
+            }
+        }
+    }
+    Value::from(out)
+}
+
 fn fail(message: &str) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message.to_string()).with_source(FailMarker))
 }
@@ -310,6 +327,7 @@ pub(crate) fn register(env: &mut Environment<'static>, snippet_names: Arc<[Strin
     env.add_function("first_seen", first_seen);
     env.add_function("unit", super::units::unit);
     env.add_filter("has_prefixed_key", has_prefixed_key);
+    env.add_filter("overlay", overlay);
     env.add_test("having_prefixed_key", has_prefixed_key);
     env.add_function("server_lines", super::slots::server_lines);
     env.add_function("collector", || {
