@@ -2,7 +2,7 @@
 """Prints the benchmark figures of one `scripts/bench.sh` run next to their goals and floors.
 
 Reads the benchmarks' own output lines (`render-libraries …`, `render-cli …`, `watch-ingest …`,
-`latency …`) on stdin; each line is `name key=value …`. The goals are those of the scale issues;
+`latency …`, `soak …`) on stdin; each line is `name key=value …`. The goals are those of the scale issues;
 the floors were measured in the same run (haproxy -c on the same output, the raw JSON size of
 the same objects). A figure whose benchmark did not run is left out.
 """
@@ -23,7 +23,7 @@ def num(v):
 
 
 def main():
-    render, cli, watch, latency, bursts, setups = {}, None, None, {}, {}, {}
+    render, cli, watch, latency, bursts, setups, soak = {}, None, None, {}, {}, {}, None
     for line in sys.stdin:
         line = line.strip()
         f = fields(line)
@@ -37,6 +37,8 @@ def main():
             setups[int(f["ingresses"])] = f
         elif line.startswith("latency burst "):
             bursts[int(f["ingresses"])] = f
+        elif line.startswith("soak "):
+            soak = f
         elif line.startswith("latency ") and "p95_ms" in f:
             kind = line.split()[1]
             latency[(kind, int(f["ingresses"]), f.get("standby", "running"))] = f
@@ -85,6 +87,13 @@ def main():
         row(f"burst of {int(f['updates']):,} EndpointSlice updates, {n:,} Ingresses",
             f"{settled:,.0f} ms, {renders} renders, {reloads // pods} reloads", "< 2 s, ≤ 5 renders, ≤ 1 reload",
             f"sent in {num(f['sent_ms']):,.0f} ms", settled < 2000 and renders <= 5 and reloads // pods <= 1)
+
+    if soak:
+        failed = int(soak["failed"])
+        row(f"soak: failed requests of {int(soak['requests']):,}, seamless phases", f"{failed}", "0",
+            f"HAProxy restart phase: {soak['failed_in_restart_phase']} (expected)", failed == 0)
+        row("soak: drain of one pod of two", f"HAProxy gone {num(soak['drain_exit_ms']):,.0f} ms after {soak.get('drain_signal', 'USR1')}",
+            "long requests in flight complete", f"{soak['drain_long_in_flight']} long requests in flight", None)
 
     if not rows:
         return
