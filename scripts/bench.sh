@@ -51,7 +51,13 @@ bench_watch() {
 
 bench_soak() {
   ensure_packages haproxy:haproxy openssl:openssl ss:iproute2
-  cargo bench --quiet --bench soak 2>/dev/null | grep '^soak'
+  local log; log=$(mktemp /tmp/haptic-soak.XXXXXX)
+  if ! cargo bench --quiet --bench soak 2>"$log" | grep '^soak'; then
+    tail -40 "$log" >&2
+    echo "the soak benchmark failed (its log: $log)" >&2
+    return 1
+  fi
+  rm -f "$log"
 }
 
 bench_latency() {

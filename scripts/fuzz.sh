@@ -5,6 +5,7 @@
 #   scripts/fuzz.sh --list                the targets
 #   FUZZ_UPDATE_CORPUS=1 scripts/fuzz.sh TARGET SECONDS
 #                                         also minimise the queue into fuzz/corpus/TARGET
+#   scripts/fuzz.sh --minimize TARGET DIR minimise the inputs in DIR into fuzz/corpus/TARGET
 #
 # Targets live in fuzz/src/bin/ and call haptic::fuzzing / haptic_agent::fuzzing, which check
 # invariants as well as "no panic". The run starts from the committed corpus fuzz/corpus/TARGET;
@@ -17,7 +18,9 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 TARGETS=(config duration haproxy_cfg watch_stream store_paths http_request bundle)
 
 if [ "${1:-}" = --list ]; then printf '%s\n' "${TARGETS[@]}"; exit 0; fi
-[ $# -eq 2 ] || { echo "usage: scripts/fuzz.sh TARGET|all SECONDS" >&2; exit 2; }
+minimize_only=false
+if [ "${1:-}" = --minimize ]; then minimize_only=true; shift; fi
+[ $# -eq 2 ] || { echo "usage: scripts/fuzz.sh TARGET|all SECONDS, or --minimize TARGET QUEUE_DIR" >&2; exit 2; }
 target=$1 seconds=$2
 
 export CARGO_TARGET_DIR="$ROOT/target/fuzz"
@@ -32,6 +35,31 @@ if ! out=$(cargo afl config --build 2>&1) && ! grep -q "already built" <<<"$out"
   echo "cargo afl config --build failed" >&2
   exit 1
 fi
+
+# minimize TARGET QUEUE WORKDIR: the smallest set of QUEUE's inputs with the same coverage
+# (afl-cmin) becomes fuzz/corpus/TARGET.
+minimize() {
+  local t=$1 queue=$2 work=$3 min=$3/cmin
+  local bin_dir
+  bin_dir=$(dirname "$(find "${XDG_DATA_HOME:-$HOME/.local/share}/afl.rs" -name afl-cmin.bash -path '*/afl/bin/*' | head -1)")
+  rm -rf "$min"
+  # The shell version: the Python afl-cmin of this AFL++ records no coverage for these targets.
+  AFL_NO_AFFINITY=1 AFL_PATH=$bin_dir PATH="$bin_dir:$PATH" "$bin_dir/afl-cmin.bash" \
+    -i "$queue" -o "$min" -t 2000 -- "$CARGO_TARGET_DIR/release/$t" >"$work/cmin.log" 2>&1 || true
+  if ! compgen -G "$min/*" >/dev/null; then
+    echo "  afl-cmin kept nothing (log: $work/cmin.log); the corpus is unchanged" >&2
+    return 1
+  fi
+  rm -rf "$ROOT/fuzz/corpus/$t"
+  mkdir -p "$ROOT/fuzz/corpus/$t"
+  local i=0 f
+  for f in "$min"/*; do
+    [ -f "$f" ] || continue
+    cp "$f" "$ROOT/fuzz/corpus/$t/$(printf 'c%04d' $i)"
+    i=$((i + 1))
+  done
+  echo "  corpus: $i inputs in fuzz/corpus/$t"
+}
 
 run_one() {
   local t=$1 found=0
@@ -65,26 +93,18 @@ run_one() {
     done
   fi
   if [ "${FUZZ_UPDATE_CORPUS:-0}" = 1 ]; then
-    local min=$out/cmin
-    AFL_NO_AFFINITY=1 cargo afl cmin -i "$out/default/queue" -o "$min" -t 2000 \
-      -- "$CARGO_TARGET_DIR/release/$t" >"$out/cmin.log" 2>&1 || true
-    # afl-cmin sometimes records no coverage for a small target; keep the whole queue then.
-    if ! compgen -G "$min/*" >/dev/null; then
-      echo "  afl-cmin kept nothing (log: $out/cmin.log); using the whole queue" >&2
-      min=$out/default/queue
-    fi
-    rm -rf "$ROOT/fuzz/corpus/$t"
-    mkdir -p "$ROOT/fuzz/corpus/$t"
-    local i=0 f
-    for f in "$min"/*; do
-      [ -f "$f" ] || continue
-      cp "$f" "$ROOT/fuzz/corpus/$t/$(printf 'c%04d' $i)"
-      i=$((i + 1))
-    done
-    echo "  corpus: $i inputs in fuzz/corpus/$t"
+    minimize "$t" "$out/default/queue" "$out"
   fi
   return $found
 }
+
+if $minimize_only; then
+  (cd "$ROOT/fuzz" && cargo afl build --release --quiet --bin "$1")
+  work=$(mktemp -d /tmp/haptic-cmin.XXXXXX)
+  if minimize "$1" "$2" "$work"; then rc=0; else rc=1; fi
+  rm -rf "$work"
+  exit $rc
+fi
 
 status=0
 if [ "$target" = all ]; then

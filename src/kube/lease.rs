@@ -157,7 +157,9 @@ impl Elector {
     fn spec(&self, now: SystemTime, acquire: Option<SystemTime>, transitions: u64) -> Value {
         let mut spec = json!({
             "holderIdentity": self.config.identity,
-            "leaseDurationSeconds": self.config.lease_duration.as_secs().max(1),
+            // Whole seconds, rounded up: a shorter lease than configured could expire while
+            // this leader still acts within its renew deadline.
+            "leaseDurationSeconds": self.config.lease_duration.as_secs_f64().ceil().max(1.0) as u64,
             "renewTime": micro_time(now),
             "leaseTransitions": transitions,
         });

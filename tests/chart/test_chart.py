@@ -431,7 +431,8 @@ class Manifests(unittest.TestCase):
         self.assertNotIn("lifecycle", container(deploy, "agent"))
         self.assertEqual(deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"], 30)
         config = one(docs, "HAProxyTemplateConfig", f"{FULLNAME}")
-        self.assertEqual(config["spec"]["templatingSettings"]["extraContext"]["hard_stop_after_seconds"], 20)
+        # No hard-stop-after by default: it would also cut long connections on every reload.
+        self.assertEqual(config["spec"]["templatingSettings"]["extraContext"]["hard_stop_after_seconds"], 0)
         _, _, docs = render("defaults", {"haproxy": {"drain": {"preStopSeconds": 0}}})
         self.assertNotIn("lifecycle", container(one(docs, "Deployment", f"{FULLNAME}-haproxy"), "haproxy"))
         # A drain longer than the grace period would end in SIGKILL: refused, naming the values.
@@ -441,6 +442,9 @@ class Manifests(unittest.TestCase):
             with self.assertRaises(helm_python.HelmError) as e:
                 ch.render(bad, name=RELEASE, namespace=NAMESPACE)
             self.assertIn("haproxy.drain.preStopSeconds (10) + haproxy.drain.hardStopAfterSeconds (25)", str(e.exception))
+            with self.assertRaises(helm_python.HelmError) as e:
+                ch.render({"haproxy": {"drain": {"preStopSeconds": 30}}}, name=RELEASE, namespace=NAMESPACE)
+            self.assertIn("haproxy.drain.preStopSeconds (30) + haproxy.drain.hardStopAfterSeconds (0)", str(e.exception))
         finally:
             ch.close()
 
