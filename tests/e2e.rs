@@ -767,3 +767,78 @@ fn local_haproxy_version() -> String {
         .unwrap_or_else(|| panic!("no version in {text:?}"));
     version.split('.').take(2).collect::<Vec<_>>().join(".")
 }
+
+/// Hostile configs reach a live controller through the API: absurd durations, deep nesting, a
+/// runaway template. Each ends in a clear condition message within seconds; both replicas keep
+/// running; traffic keeps flowing on the last good configuration; a good config recovers.
+#[test]
+fn hostile_configs_are_refused_live_and_the_last_good_config_keeps_serving() {
+    let (mut c, _web) = routed_cluster(false);
+    let serving = |c: &Cluster| {
+        (0..c.pods.len()).all(|n| {
+            c.request(n, "web.example.com", "/")
+                .is_some_and(|(s, b)| s == 200 && b.contains("web-1"))
+        })
+    };
+    let mut deep = json!("bottom");
+    for _ in 0..100 {
+        deep = json!({ "a": deep });
+    }
+    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+        (
+            "absurd duration",
+            Box::new(|o| o["spec"]["controller"]["reconciliation"]["debounceInterval"] = json!("99999999999999999999999h")),
+            "spec.controller.reconciliation.debounceInterval: duration \"99999999999999999999999h\" is too large",
+        ),
+        (
+            "duration past the field's range",
+            Box::new(|o| o["spec"]["controller"]["reconciliation"]["debounceInterval"] = json!("9223372036854775807s")),
+            "spec.controller.reconciliation.debounceInterval",
+        ),
+        (
+            "deep nesting",
+            Box::new(move |o| o["spec"]["templatingSettings"]["extraContext"]["deep"] = deep.clone()),
+            "nested deeper than 64 levels",
+        ),
+    ];
+    for (what, mutate, expected) in &cases {
+        let mut object = c.config_object("");
+        mutate(&mut object);
+        let started = Instant::now();
+        c.apply_config(&object);
+        wait_for(&format!("{what}: Valid=False"), DEADLINE, || {
+            c.condition("Valid")
+                .is_some_and(|(s, m)| s == "False" && m.contains(expected))
+        });
+        println!("{what}: refused after {:?}", started.elapsed());
+        assert!(serving(&c), "{what}: the last good config keeps serving");
+        for ctrl in c.controllers.iter_mut() {
+            assert!(ctrl.is_running(), "{what}: {} keeps running", ctrl.name);
+        }
+    }
+    // A runaway template is stopped by its step budget; the render fails, nothing else does.
+    let started = Instant::now();
+    c.apply_config(&c.config_object(
+        "templateSnippets:\n  frontend-filters-900-e2e:\n    template: \"{% for i in range(10000) %}{% for j in range(10000) %}{% for k in range(10000) %}{% endfor %}{% endfor %}{% endfor %}\"\n",
+    ));
+    // The budget is about a second of a release build; these are debug builds.
+    wait_for(
+        "a runaway template: Rendered=False",
+        Duration::from_secs(90),
+        || {
+            c.condition("Rendered")
+                .is_some_and(|(s, m)| s == "False" && m.contains("evaluation budget"))
+        },
+    );
+    println!("runaway template: stopped after {:?}", started.elapsed());
+    assert!(serving(&c), "the last good config keeps serving");
+    for ctrl in c.controllers.iter_mut() {
+        assert!(ctrl.is_running(), "{} keeps running", ctrl.name);
+    }
+    // A good config recovers.
+    c.apply_config(&c.config_object(""));
+    wait_for("Valid and Rendered again", DEADLINE, || {
+        c.condition("Valid").is_some_and(|(s, _)| s == "True")
+            && c.condition("Rendered").is_some_and(|(s, _)| s == "True")
+    });
+}
