@@ -41,9 +41,10 @@ CHART_IMAGE = {"haptic-controller": "controller", "haptic-agent": "agent"}
 
 
 def unique_loopback():
-    """An address of its own in 127.128.0.0/9, like the Rust tests' helper."""
+    """An address of its own in 127.32.0.0/11: the Rust tests hand out 127.128.0.0/9 by process
+    id, and scripts/demo.sh uses 127.64.0.0/10, so no other run's listener is on it."""
     seed = (os.getpid() << 16) ^ random.getrandbits(32)
-    return str(ipaddress.IPv4Address(0x7F800000 | (seed % 0x7FFFFE) + 1))
+    return str(ipaddress.IPv4Address(0x7F200000 | (seed % 0x1FFFFE) + 1))
 
 
 class Image:

@@ -319,7 +319,8 @@ fn haproxytech_cors_request_redirect_and_src_ip_header() {
     assert_eq!(r.status, 403, "{r:?}");
     // Other Ingresses are untouched: the header means nothing for them.
     assert_eq!(
-        p.http_with("cors.test", "/", &["-H", "X-Real-IP: 10.1.2.3"]).status,
+        p.http_with("cors.test", "/", &["-H", "X-Real-IP: 10.1.2.3"])
+            .status,
         200
     );
 }
