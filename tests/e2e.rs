@@ -784,7 +784,8 @@ fn hostile_configs_are_refused_live_and_the_last_good_config_keeps_serving() {
     for _ in 0..100 {
         deep = json!({ "a": deep });
     }
-    let cases: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>, &str)> = vec![
+    type Mutation = Box<dyn Fn(&mut serde_json::Value)>;
+    let cases: Vec<(&str, Mutation, &str)> = vec![
         (
             "absurd duration",
             Box::new(|o| o["spec"]["controller"]["reconciliation"]["debounceInterval"] = json!("99999999999999999999999h")),
