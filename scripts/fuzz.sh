@@ -15,6 +15,8 @@
 # (`target/fuzz/release/T < FILE`).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/scripts/lib.sh"
+ensure_packages /usr/bin/time:time
 TARGETS=(config duration haproxy_cfg watch_stream store_paths http_request bundle)
 
 if [ "${1:-}" = --list ]; then printf '%s\n' "${TARGETS[@]}"; exit 0; fi
@@ -72,8 +74,10 @@ run_one() {
   [ -f "$ROOT/fuzz/dict/$t.dict" ] && dict=(-x "$ROOT/fuzz/dict/$t.dict")
   # No CPU binding (two runs may share this machine), no UI, a crash may go unreported to the
   # kernel's core handler; -t bounds one input (config validation compiles templates).
+  # CPU time of afl-fuzz and the target it forks (reaped at the end), from /usr/bin/time.
   AFL_NO_AFFINITY=1 AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 \
     AFL_QUIET=1 AFL_SUPPRESS_AFL_OUTPUT=1 \
+    /usr/bin/time -o "$out/cpu" -f "%U %S" \
     cargo afl fuzz -i "$ROOT/fuzz/corpus/$t" -o "$out" -V "$seconds" -t 2000 "${dict[@]}" \
     -- "$CARGO_TARGET_DIR/release/$t" >"$out/afl.log" 2>&1 || {
       tail -20 "$out/afl.log" >&2
@@ -84,7 +88,9 @@ run_one() {
   stat() { awk -F' *: *' -v k="$1" '$1 == k {print $2}' "$stats"; }
   local crashes hangs
   crashes=$(stat saved_crashes) hangs=$(stat saved_hangs)
-  echo "fuzz target=$t seconds=$seconds execs=$(stat execs_done) execs_per_sec=$(stat execs_per_sec)" \
+  local cpu
+  cpu=$(awk '{printf "%.0f", $1 + $2}' "$out/cpu" 2>/dev/null || echo "?")
+  echo "fuzz target=$t seconds=$seconds cpu_s=$cpu execs=$(stat execs_done) execs_per_sec=$(stat execs_per_sec)" \
     "corpus=$(stat corpus_count) crashes=$crashes hangs=$hangs"
   if [ "${crashes:-0}" != 0 ]; then
     found=1
