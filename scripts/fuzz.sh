@@ -38,6 +38,20 @@ if ! out=$(cargo afl config --build 2>&1) && ! grep -q "already built" <<<"$out"
   exit 1
 fi
 
+# cpu_sampler BINARY FILE: keeps writing to FILE the largest CPU time (seconds, with reaped
+# children) of any process running BINARY, until killed.
+cpu_sampler() {
+  local bin=$1 file=$2 best=0 pid now
+  local hz; hz=$(getconf CLK_TCK)
+  while :; do
+    for pid in $(pgrep -f "^$bin\$" 2>/dev/null); do
+      now=$(awk -v hz="$hz" '{sub(/^.*\) /, ""); print ($12 + $13 + $14 + $15) / hz}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+      if awk -v a="$now" -v b="$best" 'BEGIN {exit !(a > b)}'; then best=$now; echo "$best" >"$file"; fi
+    done
+    sleep 2
+  done
+}
+
 # minimize TARGET QUEUE WORKDIR: the smallest set of QUEUE's inputs with the same coverage
 # (afl-cmin) becomes fuzz/corpus/TARGET.
 minimize() {
@@ -74,22 +88,27 @@ run_one() {
   [ -f "$ROOT/fuzz/dict/$t.dict" ] && dict=(-x "$ROOT/fuzz/dict/$t.dict")
   # No CPU binding (two runs may share this machine), no UI, a crash may go unreported to the
   # kernel's core handler; -t bounds one input (config validation compiles templates).
-  # CPU time of afl-fuzz and the target it forks (reaped at the end), from /usr/bin/time.
+  # CPU time: afl-fuzz's own (from /usr/bin/time) plus the target's, sampled every 2 s from
+  # the fork server (its children, the persistent loops, are reaped into its cutime/cstime).
+  cpu_sampler "$CARGO_TARGET_DIR/release/$t" "$out/target-cpu" &
+  local sampler=$!
   AFL_NO_AFFINITY=1 AFL_NO_UI=1 AFL_SKIP_CPUFREQ=1 AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 \
     AFL_QUIET=1 AFL_SUPPRESS_AFL_OUTPUT=1 \
     /usr/bin/time -o "$out/cpu" -f "%U %S" \
     cargo afl fuzz -i "$ROOT/fuzz/corpus/$t" -o "$out" -V "$seconds" -t 2000 "${dict[@]}" \
     -- "$CARGO_TARGET_DIR/release/$t" >"$out/afl.log" 2>&1 || {
+      kill "$sampler" 2>/dev/null
       tail -20 "$out/afl.log" >&2
       echo "afl-fuzz failed for $t (log: $out/afl.log)" >&2
       return 1
     }
+  kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true
   local stats=$out/default/fuzzer_stats
   stat() { awk -F' *: *' -v k="$1" '$1 == k {print $2}' "$stats"; }
   local crashes hangs
   crashes=$(stat saved_crashes) hangs=$(stat saved_hangs)
   local cpu
-  cpu=$(awk '{printf "%.0f", $1 + $2}' "$out/cpu" 2>/dev/null || echo "?")
+  cpu=$(awk -v t="$(cat "$out/target-cpu" 2>/dev/null || echo 0)" '{printf "%.0f", $1 + $2 + t}' "$out/cpu" 2>/dev/null || echo "?")
   echo "fuzz target=$t seconds=$seconds cpu_s=$cpu execs=$(stat execs_done) execs_per_sec=$(stat execs_per_sec)" \
     "corpus=$(stat corpus_count) crashes=$crashes hangs=$hangs"
   if [ "${crashes:-0}" != 0 ]; then
