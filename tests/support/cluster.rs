@@ -48,6 +48,27 @@ fn kill(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// Sends `signal` (`TERM`, `USR1`, …) to `child` and waits up to `limit` for it to exit; it is
+/// killed otherwise. How long that took, and whether it exited on its own.
+fn signal_and_wait(child: Option<Child>, signal: &str, limit: Duration) -> (Duration, bool) {
+    let started = Instant::now();
+    let mut exited = false;
+    if let Some(mut c) = child {
+        let _ = Command::new("kill")
+            .args([&format!("-{signal}"), &c.id().to_string()])
+            .status();
+        while started.elapsed() < limit {
+            if c.try_wait().ok().flatten().is_some() {
+                exited = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        kill(&mut c);
+    }
+    (started.elapsed(), exited)
+}
+
 /// A tiny HTTP backend answering `NAME` to everything (after a delay for `/slow/MS`).
 pub struct Backend {
     pub name: String,
@@ -234,22 +255,7 @@ impl HaproxyPod {
     /// Sends HAProxy's master `signal` (`USR1`, `TERM`, …) and waits up to `limit` for it to
     /// exit (it is killed otherwise): how long it took, and whether it exited on its own.
     pub fn signal_haproxy(&mut self, signal: &str, limit: Duration) -> (Duration, bool) {
-        let started = Instant::now();
-        let mut exited = false;
-        if let Some(mut c) = self.haproxy.take() {
-            let _ = Command::new("kill")
-                .args([&format!("-{signal}"), &c.id().to_string()])
-                .status();
-            while started.elapsed() < limit {
-                if c.try_wait().ok().flatten().is_some() {
-                    exited = true;
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            kill(&mut c);
-        }
-        (started.elapsed(), exited)
+        signal_and_wait(self.haproxy.take(), signal, limit)
     }
 
     pub fn start_agent(&mut self) {
@@ -355,27 +361,10 @@ impl Controller {
         }
     }
 
-    /// SIGTERM, then wait for exit; returns how long the shutdown took.
     /// SIGTERM; returns how long the controller took to exit and whether it exited on its own
     /// (it is killed after 30 s).
     pub fn terminate(&mut self) -> (Duration, bool) {
-        let started = Instant::now();
-        let mut exited = false;
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &c.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline {
-                if c.try_wait().ok().flatten().is_some() {
-                    exited = true;
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            kill(&mut c);
-        }
-        (started.elapsed(), exited)
+        signal_and_wait(self.child.take(), "TERM", Duration::from_secs(30))
     }
 
     pub fn get(&self, port: u16, path: &str) -> Option<(u16, String)> {
