@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use haptic::render::current_config::CurrentConfig;
 use haptic::render::{Engine, RenderCache, RenderInputs};
-use haptic::store::Store;
+use haptic::store::{Doc, Store};
 use haptic::validate::fixtures::{build_stores, load_fixture_inputs};
 use serde_json::{json, Value};
 
@@ -92,13 +92,13 @@ fn main() {
             .and_then(|n| n.parse::<usize>().ok())
         {
             let mut cache = RenderCache::new();
-            let extra = Arc::new(
-                json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+            let extra = Arc::new(Doc::from_value(
+                &json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
                 "metadata": {"name": "profile-extra", "namespace": "ns0", "creationTimestamp": "2025-01-01T00:00:00Z"},
                 "spec": {"ingressClassName": "haproxy", "rules": [{"host": "extra.example.com",
                     "http": {"paths": [{"path": "/", "pathType": "Prefix",
                         "backend": {"service": {"name": "svc0", "port": {"number": 80}}}}]}}]}}),
-            );
+            ).expect("doc"));
             for run in 0..=runs {
                 let mut changed = stores.clone();
                 if run % 2 == 1 {
@@ -136,9 +136,9 @@ fn main() {
         // from the last.
         let mut endpoints = stores["endpoints"].clone();
         let first = endpoints.list().next().expect("a slice").clone();
-        let mut flipped = (*first).clone();
+        let mut flipped = first.to_value();
         flipped["endpoints"][0]["conditions"]["ready"] = json!(false);
-        let variants = [first, Arc::new(flipped)];
+        let variants = [first, Arc::new(Doc::from_value(&flipped).expect("doc"))];
         let mut i = 0;
         let mut rendered_units = 0;
         let endpoint_change = median(9, || {
@@ -160,7 +160,7 @@ fn main() {
         // What the reconciler does with a runtime change after the render, each over the whole
         // configuration: the bundle, its hash, the classification against the last bundle, and
         // the parse of the new config as the next render's current_config.
-        let with = |variant: &Arc<Value>| {
+        let with = |variant: &Arc<Doc>| {
             let mut store = (*endpoints).clone();
             store.upsert(variant.clone()).expect("upsert");
             let mut changed = stores.clone();
@@ -218,7 +218,7 @@ fn main() {
             "spec": {"ingressClassName": "haproxy", "rules": [{"host": "new.example.com",
                 "http": {"paths": [{"path": "/", "pathType": "Prefix",
                     "backend": {"service": {"name": "svc0", "port": {"number": 80}}}}]}}]}});
-        let new_ingress = Arc::new(new_ingress);
+        let new_ingress = Arc::new(Doc::from_value(&new_ingress).expect("doc"));
         let mut j = 0;
         let new_route = median(9, || {
             j += 1;

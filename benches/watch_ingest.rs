@@ -13,7 +13,7 @@ use haptic::kube::client::{Client, ListParams, ResourceRef};
 use haptic::kube::config::KubeConfig;
 use haptic::kube::reflector::{snapshot, Reflector, SharedStore};
 use haptic::store::path::PathExpr;
-use haptic::store::{ObjectFilter, Store};
+use haptic::store::{Doc, ObjectFilter, Store};
 use serde_json::json;
 
 fn rss_kb() -> u64 {
@@ -200,14 +200,36 @@ fn main() {
         .collect();
     let plain_kb = rss_kb().saturating_sub(before);
     drop(plain);
+    // What the stores hold: the compact documents' own bytes, and the same objects compacted
+    // on one thread (RSS).
+    let doc_bytes: usize = stores
+        .iter()
+        .flat_map(|s| snapshot(s).list().map(|d| d.heap_bytes()).collect::<Vec<_>>())
+        .sum();
+    let before = rss_kb();
+    let compact: Vec<Doc> = kinds
+        .iter()
+        .flat_map(|k| (0..count + extra).map(k.make))
+        .map(|v| Doc::from_value(&v).unwrap())
+        .collect();
+    let compact_kb = rss_kb().saturating_sub(before);
+    let before = rss_kb();
+    let mut indexed = Store::new(vec![PathExpr::parse("metadata.namespace").unwrap(), PathExpr::parse("metadata.name").unwrap()]);
+    for d in compact {
+        indexed.upsert(Arc::new(d)).unwrap();
+    }
+    let indexed_kb = rss_kb().saturating_sub(before);
+    eprintln!("TEMP indexed_kb={indexed_kb}");
+    drop(indexed);
     println!(
-        "watch-ingest objects={total} list_sync_s={:.2} list_objects_per_s={:.0} watch_events={} watch_s={:.2} watch_events_per_s={:.0} store_rss_kb={store_kb} raw_json_kb={} ratio={:.2} plain_values_kb={plain_kb}",
+        "watch-ingest objects={total} list_sync_s={:.2} list_objects_per_s={:.0} watch_events={} watch_s={:.2} watch_events_per_s={:.0} store_rss_kb={store_kb} raw_json_kb={} ratio={:.2} plain_values_kb={plain_kb} compact_docs_kb={compact_kb} doc_heap_kb={}",
         list_time.as_secs_f64(),
         total as f64 / list_time.as_secs_f64(),
         3 * extra,
         watch_time.as_secs_f64(),
         (3 * extra) as f64 / watch_time.as_secs_f64(),
         raw_json_bytes / 1024,
-        store_kb as f64 / (raw_json_bytes as f64 / 1024.0)
+        store_kb as f64 / (raw_json_bytes as f64 / 1024.0),
+        doc_bytes / 1024
     );
 }

@@ -138,7 +138,7 @@ pub fn watch_stream(data: &[u8]) {
         match event.kind.as_str() {
             "ADDED" | "MODIFIED" => match filter.prepare(event.object) {
                 Some(object) => {
-                    let _ = store.upsert(Arc::new(object));
+                    let _ = store.upsert_value(&object);
                 }
                 None => {
                     store.delete(&key);
@@ -154,7 +154,7 @@ pub fn watch_stream(data: &[u8]) {
         let keys: Vec<String> = store
             .index_by()
             .iter()
-            .map(|p| p.key_of(object).unwrap_or_default())
+            .map(|p| p.key_of_node(object.root()).unwrap_or_default())
             .collect();
         let found = store.fetch(&keys).expect("a lookup by every index key");
         assert!(

@@ -176,7 +176,7 @@ impl Cluster {
 
     fn upsert(&mut self, store: &str, object: Value) {
         let s = self.stores.get_mut(store).expect("watched store");
-        s.upsert(Arc::new(object)).expect("indexable object");
+        s.upsert_value(&object).expect("indexable object");
     }
 
     fn delete(&mut self, store: &str, ns: &str, name: &str) {

@@ -57,6 +57,7 @@ fn server_state(c: &Client) -> BTreeSet<(String, String)> {
 fn store_state(store: &SharedStore) -> BTreeSet<(String, String)> {
     snapshot(store)
         .list()
+        .map(|o| o.to_value())
         .map(|o| {
             (
                 o["metadata"]["name"].as_str().unwrap().to_string(),

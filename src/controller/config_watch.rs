@@ -120,7 +120,8 @@ impl ConfigWatcher {
 
     /// Looks at the object: returns the config to run when a new valid generation arrived.
     pub(super) fn poll(&mut self) -> Option<Arc<ActiveConfig>> {
-        let object = snapshot(&self.store).list().next().cloned()?;
+        // The one config object, as a plain value for the config loader.
+        let object = snapshot(&self.store).list().next()?.to_value();
         let version = object
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)

@@ -2,9 +2,8 @@
 //! A pod qualifies when it is Running, has an IP, is not terminating, and its agent container is
 //! ready; it is then admitted once its agent answers `GET /v1/state`.
 
-use serde_json::Value;
 
-use crate::store::Store;
+use crate::store::{Doc, NodeRef, Store};
 
 /// The container whose readiness gates a pod (the agent sidecar).
 pub(crate) const AGENT_CONTAINER: &str = "haptic-agent";
@@ -17,35 +16,35 @@ pub(crate) struct PodTarget {
 }
 
 /// Why a pod is not a target, for logs and `/debug/pods`.
-pub(crate) fn disqualification(pod: &Value) -> Option<String> {
+pub(crate) fn disqualification(pod: &Doc) -> Option<String> {
+    let pod = pod.root();
     if pod
-        .pointer("/metadata/deletionTimestamp")
+        .pointer(&["metadata", "deletionTimestamp"])
         .is_some_and(|v| !v.is_null())
     {
         return Some("terminating".into());
     }
     let phase = pod
-        .pointer("/status/phase")
-        .and_then(Value::as_str)
+        .pointer(&["status", "phase"])
+        .and_then(NodeRef::as_str)
         .unwrap_or("Unknown");
     if phase != "Running" {
         return Some(format!("phase {phase}"));
     }
     if pod
-        .pointer("/status/podIP")
-        .and_then(Value::as_str)
+        .pointer(&["status", "podIP"])
+        .and_then(NodeRef::as_str)
         .is_none_or(str::is_empty)
     {
         return Some("no pod IP".into());
     }
     let agent_ready = pod
-        .pointer("/status/containerStatuses")
-        .and_then(Value::as_array)
+        .pointer(&["status", "containerStatuses"])
         .and_then(|list| {
-            list.iter()
-                .find(|c| c.get("name").and_then(Value::as_str) == Some(AGENT_CONTAINER))
+            list.items()
+                .find(|c| c.get("name").and_then(NodeRef::as_str) == Some(AGENT_CONTAINER))
         })
-        .and_then(|c| c.get("ready").and_then(Value::as_bool));
+        .and_then(|c| c.get("ready").and_then(NodeRef::as_bool));
     match agent_ready {
         Some(true) => None,
         Some(false) => Some(format!("container {AGENT_CONTAINER} not ready")),
@@ -58,10 +57,12 @@ pub(crate) fn targets(pods: &Store) -> Vec<PodTarget> {
     pods.list()
         .filter(|p| disqualification(p).is_none())
         .filter_map(|p| {
+            let p = p.root();
+            let text = |path: &[&str]| Some(p.pointer(path)?.as_str()?.to_string());
             Some(PodTarget {
-                namespace: p.pointer("/metadata/namespace")?.as_str()?.to_string(),
-                name: p.pointer("/metadata/name")?.as_str()?.to_string(),
-                ip: p.pointer("/status/podIP")?.as_str()?.to_string(),
+                namespace: text(&["metadata", "namespace"])?,
+                name: text(&["metadata", "name"])?,
+                ip: text(&["status", "podIP"])?,
             })
         })
         .collect()
@@ -71,31 +72,31 @@ pub(crate) fn targets(pods: &Store) -> Vec<PodTarget> {
 mod tests {
     use super::*;
     use serde_json::json;
-    use std::sync::Arc;
 
-    fn pod(name: &str, phase: &str, ip: &str, ready: bool) -> Arc<Value> {
-        Arc::new(
-            json!({"metadata": {"namespace": "ing", "name": name}, "status": {"phase": phase, "podIP": ip,
-            "containerStatuses": [{"name": "haproxy", "ready": true}, {"name": AGENT_CONTAINER, "ready": ready}]}}),
-        )
+    fn pod(name: &str, phase: &str, ip: &str, ready: bool) -> serde_json::Value {
+        json!({"metadata": {"namespace": "ing", "name": name}, "status": {"phase": phase, "podIP": ip,
+            "containerStatuses": [{"name": "haproxy", "ready": true}, {"name": AGENT_CONTAINER, "ready": ready}]}})
     }
 
     #[test]
     fn only_running_ready_pods_with_ips() {
         let mut store = Store::new(crate::render::pod_index());
-        store.upsert(pod("a", "Running", "10.0.0.1", true)).unwrap();
-        store.upsert(pod("b", "Pending", "10.0.0.2", true)).unwrap();
-        store.upsert(pod("c", "Running", "", true)).unwrap();
-        store
-            .upsert(pod("d", "Running", "10.0.0.4", false))
-            .unwrap();
-        let mut e = (*pod("e", "Running", "10.0.0.5", true)).clone();
+        for (name, phase, ip, ready) in [
+            ("a", "Running", "10.0.0.1", true),
+            ("b", "Pending", "10.0.0.2", true),
+            ("c", "Running", "", true),
+            ("d", "Running", "10.0.0.4", false),
+        ] {
+            store.upsert_value(&pod(name, phase, ip, ready)).unwrap();
+        }
+        let mut e = pod("e", "Running", "10.0.0.5", true);
         e["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-        store.upsert(Arc::new(e)).unwrap();
+        store.upsert_value(&e).unwrap();
         let names: Vec<_> = targets(&store).into_iter().map(|t| t.name).collect();
         assert_eq!(names, ["a"]);
         assert_eq!(
-            disqualification(&pod("d", "Running", "1.2.3.4", false)).unwrap(),
+            disqualification(&Doc::from_value(&pod("d", "Running", "1.2.3.4", false)).unwrap())
+                .unwrap(),
             "container haptic-agent not ready"
         );
     }

@@ -419,11 +419,25 @@ impl Client {
         params: &ListParams,
     ) -> Result<(Vec<Value>, String), KubeError> {
         let mut items = Vec::new();
+        let rv = self.list_pages(res, namespace, params, |mut page| items.append(&mut page))?;
+        Ok((items, rv))
+    }
+
+    /// Lists every page, handing each page's items to `on_page` as it arrives (so that a
+    /// caller keeping a compact form never holds the whole list as parsed JSON). Returns the
+    /// list's resourceVersion.
+    pub fn list_pages(
+        &self,
+        res: &ResourceRef,
+        namespace: Option<&str>,
+        params: &ListParams,
+        mut on_page: impl FnMut(Vec<Value>),
+    ) -> Result<String, KubeError> {
         let mut token: Option<String> = None;
         loop {
             let mut page = self.list_page(res, namespace, params, token.as_deref())?;
-            if let Some(Value::Array(mut page_items)) = page.get_mut("items").map(Value::take) {
-                items.append(&mut page_items);
+            if let Some(Value::Array(page_items)) = page.get_mut("items").map(Value::take) {
+                on_page(page_items);
             }
             let meta = page.get("metadata").cloned().unwrap_or(Value::Null);
             token = meta
@@ -437,7 +451,7 @@ impl Client {
                     .and_then(Value::as_str)
                     .unwrap_or_default()
                     .to_string();
-                return Ok((items, rv));
+                return Ok(rv);
             }
         }
     }

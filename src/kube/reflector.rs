@@ -12,7 +12,7 @@ use crossbeam_channel::Sender;
 use serde_json::Value;
 
 use super::client::{Client, KubeError, ListParams, ResourceRef};
-use crate::store::{object_key, ObjectFilter, Store};
+use crate::store::{object_key, Doc, ObjectFilter, Store, StoreError};
 
 /// A store shared between its reflector (the only writer) and readers. Readers take cheap
 /// snapshots (`Arc<Store>`); a write while a snapshot is alive copies the index (pointers only).
@@ -151,11 +151,18 @@ impl Reflector {
             return;
         };
         match self.filter.prepare(object) {
-            Some(object) => self.write(|s| {
-                if let Err(e) = s.upsert(Arc::new(object)) {
-                    log::warn!("resource={} {e}", self.name);
-                }
-            }),
+            Some(object) => {
+                // Compacted before the store's lock is taken.
+                let doc = Doc::from_value(&object);
+                self.write(|s| {
+                    if let Err(e) = doc
+                        .map_err(|_| StoreError::TooLarge)
+                        .and_then(|d| s.upsert(Arc::new(d)))
+                    {
+                        log::warn!("resource={} {e}", self.name);
+                    }
+                })
+            }
             None => self.write(|s| {
                 s.delete(&key);
             }),
@@ -164,11 +171,8 @@ impl Reflector {
 
     /// Lists everything and makes the store equal to it. Returns the list's resourceVersion.
     fn relist(&self) -> Result<String, KubeError> {
-        let (items, rv) =
-            self.client
-                .list_all(&self.resource, self.namespace.as_deref(), &self.params)?;
         let mut seen = BTreeSet::new();
-        let mut prepared = Vec::with_capacity(items.len());
+        let mut prepared = Vec::new();
         // List items carry no apiVersion/kind; templates name objects by them (render units
         // report refusals against `Kind namespace/name`), so fill them in as watch events have.
         let api_version = if self.resource.group.is_empty() {
@@ -177,27 +181,36 @@ impl Reflector {
             format!("{}/{}", self.resource.group, self.resource.version)
         };
         let kind = crate::kinds::kind_of(&self.resource.resource);
-        for mut item in items {
-            if let Some(map) = item.as_object_mut() {
-                map.entry("apiVersion")
-                    .or_insert_with(|| Value::from(api_version.clone()));
-                map.entry("kind")
-                    .or_insert_with(|| Value::from(kind.clone()));
-            }
-            if let Some(key) = object_key(&item) {
-                if let Some(object) = self.filter.prepare(item) {
-                    seen.insert(key);
-                    prepared.push(object);
+        // Each page is compacted as it arrives: the whole list is never held as parsed JSON.
+        let rv = self.client.list_pages(
+            &self.resource,
+            self.namespace.as_deref(),
+            &self.params,
+            |items| {
+                for mut item in items {
+                    if let Some(map) = item.as_object_mut() {
+                        map.entry("apiVersion")
+                            .or_insert_with(|| Value::from(api_version.clone()));
+                        map.entry("kind")
+                            .or_insert_with(|| Value::from(kind.clone()));
+                    }
+                    if let Some(key) = object_key(&item) {
+                        if let Some(object) = self.filter.prepare(item) {
+                            seen.insert(key);
+                            prepared
+                                .push(Doc::from_value(&object).map_err(|_| StoreError::TooLarge));
+                        }
+                    }
                 }
-            }
-        }
+            },
+        )?;
         self.write(|s| {
-            let stale: Vec<_> = s.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+            let stale: Vec<_> = s.keys().filter(|k| !seen.contains(k)).collect();
             for key in stale {
                 s.delete(&key);
             }
             for object in prepared {
-                if let Err(e) = s.upsert(Arc::new(object)) {
+                if let Err(e) = object.and_then(|d| s.upsert(Arc::new(d))) {
                     log::warn!("resource={} {e}", self.name);
                 }
             }

@@ -1,4 +1,4 @@
-//! Template-facing views of stored data: [`JsonNode`] exposes a shared JSON object to minijinja
+//! Template-facing views of stored data: [`JsonNode`] exposes a shared stored object to minijinja
 //! without converting it, and [`StoreView`]/[`Resources`] expose stores with `list`, `fetch`
 //! and `get`.
 
@@ -9,54 +9,44 @@ use minijinja::value::{Enumerator, Object, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
 
 use super::units::StoreMethod;
-use crate::store::Store;
+use crate::store::doc::Kind;
+use crate::store::{Doc, NodeRef, Store};
 
-/// A node inside a shared, immutable JSON document. Exposing an object to a template costs
+/// A node inside a shared, immutable stored object. Exposing an object to a template costs
 /// nothing until a template touches a field, and the stored object is never copied.
 #[derive(Debug)]
 pub(crate) struct JsonNode {
-    /// Keeps the document alive (and immutable: it is only ever shared) for `node`.
-    root: Arc<serde_json::Value>,
-    node: *const serde_json::Value,
+    doc: Arc<Doc>,
+    idx: u32,
 }
 
-// SAFETY: `node` points into the document `root` keeps alive. The document is immutable (it is
-// only reachable through shared `Arc`s, and this node holds one, so nothing can obtain `&mut`
-// to it), so reading through the pointer from any thread is as safe as reading through `root`.
-unsafe impl Send for JsonNode {}
-unsafe impl Sync for JsonNode {}
-
 impl JsonNode {
-    pub(crate) fn value(root: Arc<serde_json::Value>) -> Value {
-        let node: *const serde_json::Value = &*root;
-        json_to_value(&root, node)
+    pub(crate) fn value(doc: Arc<Doc>) -> Value {
+        json_to_value(&doc, doc.root())
     }
 
     /// The same stored version of the same object, at the same place.
     pub(crate) fn same_node(&self, other: &JsonNode) -> bool {
-        Arc::ptr_eq(&self.root, &other.root) && std::ptr::eq(self.node, other.node)
+        Arc::ptr_eq(&self.doc, &other.doc) && self.idx == other.idx
     }
 
-    fn node(&self) -> &serde_json::Value {
-        // SAFETY: see the type's invariant: `node` lives inside `root`, which outlives `self`.
-        unsafe { &*self.node }
+    fn node(&self) -> NodeRef<'_> {
+        // `idx` was taken from a node of this document.
+        self.doc.node(self.idx).unwrap_or_else(|| self.doc.root())
     }
 }
 
-fn json_to_value(root: &Arc<serde_json::Value>, node: *const serde_json::Value) -> Value {
-    use serde_json::Value as J;
-    // SAFETY: `node` lies inside `root` (callers derive it from `root` or from a node of it).
-    let value = unsafe { &*node };
-    match value {
-        J::Null => Value::from(()),
-        J::Bool(b) => Value::from(*b),
-        J::Number(n) => {
-            if let Some(i) = n.as_i64() {
+fn json_to_value(doc: &Arc<Doc>, node: NodeRef<'_>) -> Value {
+    match node.kind() {
+        Kind::Null => Value::from(()),
+        Kind::Bool => Value::from(node.as_bool().unwrap_or_default()),
+        Kind::Number => {
+            if let Some(i) = node.as_i64() {
                 Value::from(i)
-            } else if let Some(u) = n.as_u64() {
+            } else if let Some(u) = node.as_u64() {
                 Value::from(u)
             } else {
-                let f = n.as_f64().unwrap_or(f64::NAN);
+                let f = node.as_f64().unwrap_or(f64::NAN);
                 // Integral floats (YAML/JSON `80.0`) behave as integers, as users expect of ports.
                 if f.fract() == 0.0 && f.abs() < 9e15 {
                     Value::from(f as i64)
@@ -65,17 +55,17 @@ fn json_to_value(root: &Arc<serde_json::Value>, node: *const serde_json::Value) 
                 }
             }
         }
-        J::String(s) => Value::from(s.as_str()),
-        J::Array(_) | J::Object(_) => Value::from_object(JsonNode {
-            root: root.clone(),
-            node,
+        Kind::String => Value::from(node.as_str().unwrap_or_default()),
+        Kind::Array | Kind::Object => Value::from_object(JsonNode {
+            doc: doc.clone(),
+            idx: node.index(),
         }),
     }
 }
 
 impl Object for JsonNode {
     fn repr(self: &Arc<Self>) -> ObjectRepr {
-        if self.node().is_array() {
+        if self.node().kind() == Kind::Array {
             ObjectRepr::Seq
         } else {
             ObjectRepr::Map
@@ -83,37 +73,33 @@ impl Object for JsonNode {
     }
 
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        match self.node() {
-            serde_json::Value::Object(map) => {
-                let v = map.get(key.as_str()?)?;
-                Some(json_to_value(&self.root, v))
-            }
-            serde_json::Value::Array(items) => {
+        let node = self.node();
+        let found = match node.kind() {
+            Kind::Object => node.get(key.as_str()?)?,
+            Kind::Array => {
+                let len = node.len() as i64;
                 let i = key.as_i64()?;
-                let i = if i < 0 { items.len() as i64 + i } else { i };
-                let v = items.get(usize::try_from(i).ok()?)?;
-                Some(json_to_value(&self.root, v))
+                let i = if i < 0 { len + i } else { i };
+                node.at(usize::try_from(i).ok()?)?
             }
-            _ => None,
-        }
+            _ => return None,
+        };
+        Some(json_to_value(&self.doc, found))
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        match self.node() {
-            serde_json::Value::Object(map) => {
-                Enumerator::Values(map.keys().map(|k| Value::from(k.as_str())).collect())
+        let node = self.node();
+        match node.kind() {
+            Kind::Object => {
+                Enumerator::Values(node.members().map(|(k, _)| Value::from(k)).collect())
             }
-            serde_json::Value::Array(items) => Enumerator::Seq(items.len()),
+            Kind::Array => Enumerator::Seq(node.len()),
             _ => Enumerator::Empty,
         }
     }
 
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
-        match self.node() {
-            serde_json::Value::Object(map) => Some(map.len()),
-            serde_json::Value::Array(items) => Some(items.len()),
-            _ => Some(0),
-        }
+        Some(self.node().len())
     }
 }
 
@@ -143,7 +129,7 @@ pub(crate) struct StoreView {
 }
 
 impl StoreView {
-    fn to_values<'a>(objects: impl Iterator<Item = &'a Arc<serde_json::Value>>) -> Value {
+    fn to_values<'a>(objects: impl Iterator<Item = &'a Arc<Doc>>) -> Value {
         Value::from(
             objects
                 .map(|o| JsonNode::value(o.clone()))

@@ -26,6 +26,7 @@ use minijinja::{Error, ErrorKind};
 
 use super::current_config::Server;
 use super::units::{self, StoreMethod};
+use crate::store::{Doc, NodeRef};
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidOperation, msg.into())
@@ -81,8 +82,8 @@ impl Range {
     }
 }
 
-fn text(v: Option<&serde_json::Value>) -> &str {
-    v.and_then(serde_json::Value::as_str).unwrap_or("")
+fn text(v: Option<NodeRef<'_>>) -> &str {
+    v.and_then(NodeRef::as_str).unwrap_or("")
 }
 
 /// `server_lines(be_name, svc_ns, svc_name, svc_port, slots=N, default_slots=N, refuse=[CIDR, …])`:
@@ -137,10 +138,10 @@ pub(crate) fn server_lines(
 
     let port_name = service
         .as_deref()
-        .and_then(|svc| service_port_name(svc, &svc_port));
+        .and_then(|svc| service_port_name(svc.root(), &svc_port));
     let mut endpoints = Endpoints::default();
     if let Some(port_name) = &port_name {
-        let found: Vec<Arc<serde_json::Value>> = slices
+        let found: Vec<Arc<Doc>> = slices
             .as_ref()
             .and_then(|s| s.fetch(&keys).ok())
             .unwrap_or_default();
@@ -201,19 +202,18 @@ fn pool_size(slots: Option<Value>, default_slots: Option<Value>) -> Result<usize
 }
 
 /// The name of the Service port the template asked for, by number or by name.
-fn service_port_name(service: &serde_json::Value, wanted: &Value) -> Option<String> {
+fn service_port_name(service: NodeRef<'_>, wanted: &Value) -> Option<String> {
     let by_number = match wanted.kind() {
         ValueKind::Number => i64::try_from(wanted.clone()).ok(),
         _ => None,
     };
     let by_name = wanted.as_str();
     service
-        .pointer("/spec/ports")?
-        .as_array()?
-        .iter()
+        .pointer(&["spec", "ports"])?
+        .items()
         .find(|p| match (by_number, by_name) {
-            (Some(n), _) => p.get("port").and_then(serde_json::Value::as_i64) == Some(n),
-            (None, Some(name)) => p.get("name").and_then(serde_json::Value::as_str) == Some(name),
+            (Some(n), _) => p.get("port").and_then(NodeRef::as_i64) == Some(n),
+            (None, Some(name)) => p.get("name").and_then(NodeRef::as_str) == Some(name),
             _ => false,
         })
         .map(|p| text(p.get("name")).to_string())
@@ -229,44 +229,33 @@ struct Endpoints {
 }
 
 impl Endpoints {
-    fn collect(slices: &[Arc<serde_json::Value>], port_name: &str, refuse: &[Range]) -> Endpoints {
+    fn collect(slices: &[Arc<Doc>], port_name: &str, refuse: &[Range]) -> Endpoints {
         let mut out = Endpoints::default();
         for slice in slices {
+            let slice = slice.root();
             if text(slice.get("addressType")) == "FQDN" {
                 continue;
             }
-            let Some(port) = slice
-                .get("ports")
-                .and_then(serde_json::Value::as_array)
-                .into_iter()
-                .flatten()
-                .find(|p| text(p.get("name")) == port_name)
-            else {
+            let ports = slice.get("ports").map(NodeRef::items).into_iter().flatten();
+            let Some(port) = ports.into_iter().find(|p| text(p.get("name")) == port_name) else {
                 continue;
             };
             let Some(port) = port
                 .get("port")
-                .and_then(serde_json::Value::as_u64)
+                .and_then(NodeRef::as_u64)
                 .filter(|p| (1..=65535).contains(p))
             else {
                 out.bad_ports += 1;
                 continue;
             };
-            for ep in slice
-                .get("endpoints")
-                .and_then(serde_json::Value::as_array)
-                .into_iter()
-                .flatten()
-            {
-                if ep.pointer("/conditions/ready") == Some(&serde_json::Value::Bool(false)) {
+            let endpoints = slice.get("endpoints").map(NodeRef::items).into_iter().flatten();
+            for ep in endpoints {
+                let ready = ep.pointer(&["conditions", "ready"]).and_then(NodeRef::as_bool);
+                if ready == Some(false) {
                     continue;
                 }
-                for addr in ep
-                    .get("addresses")
-                    .and_then(serde_json::Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
+                let addresses = ep.get("addresses").map(NodeRef::items).into_iter().flatten();
+                for addr in addresses {
                     out.add(addr, port, refuse);
                 }
             }
@@ -275,7 +264,7 @@ impl Endpoints {
         out
     }
 
-    fn add(&mut self, addr: &serde_json::Value, port: u64, refuse: &[Range]) {
+    fn add(&mut self, addr: NodeRef<'_>, port: u64, refuse: &[Range]) {
         let Some(ip) = addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()) else {
             self.bad_addrs += 1;
             return;

@@ -6,6 +6,7 @@ use serde_json::json;
 use super::*;
 use crate::config::ConfigDocument;
 use crate::store::path::PathExpr;
+use crate::store::Doc;
 
 /// A spec with the given haproxy.cfg template, snippets and maps, watching `things`.
 fn spec_with(template: &str, snippets: &[(&str, &str)], maps: &[(&str, &str)]) -> Spec {
@@ -31,13 +32,17 @@ fn spec_with(template: &str, snippets: &[(&str, &str)], maps: &[(&str, &str)]) -
     doc.valid_spec("test").unwrap()
 }
 
-fn thing(ns: &str, name: &str, group: &str) -> Arc<serde_json::Value> {
-    Arc::new(
+fn doc(v: serde_json::Value) -> Arc<Doc> {
+    Arc::new(Doc::from_value(&v).unwrap())
+}
+
+fn thing(ns: &str, name: &str, group: &str) -> Arc<Doc> {
+    doc(
         json!({"metadata": {"namespace": ns, "name": name, "labels": {"group": group}}, "data": {"port": 80.0, "list": [1, 2, 3]}}),
     )
 }
 
-fn inputs(objects: &[Arc<serde_json::Value>]) -> RenderInputs {
+fn inputs(objects: &[Arc<Doc>]) -> RenderInputs {
     let mut store = Store::new(vec![
         PathExpr::parse("metadata.namespace").unwrap(),
         PathExpr::parse("metadata.labels.group").unwrap(),
@@ -57,7 +62,7 @@ fn inputs(objects: &[Arc<serde_json::Value>]) -> RenderInputs {
     }
 }
 
-fn render(template: &str, objects: &[Arc<serde_json::Value>]) -> Result<String, RenderError> {
+fn render(template: &str, objects: &[Arc<Doc>]) -> Result<String, RenderError> {
     let engine = Engine::new(&spec_with(template, &[], &[])).unwrap();
     engine.render(&inputs(objects)).map(|r| r.haproxy_cfg)
 }
@@ -273,10 +278,8 @@ fn current_config_and_pods() {
         "backend be_x\n  server SRV_1 10.1.1.1:80\n",
     )));
     let mut pods = Store::new(pod_index());
-    pods.upsert(Arc::new(
-        json!({"metadata": {"namespace": "n", "name": "p1"}}),
-    ))
-    .unwrap();
+    pods.upsert_value(&json!({"metadata": {"namespace": "n", "name": "p1"}}))
+        .unwrap();
     inp.stores.insert(HAPROXY_PODS.into(), Arc::new(pods));
     assert_eq!(
         Engine::new(&spec)
@@ -329,7 +332,7 @@ fn unit_engine() -> Engine {
 #[test]
 fn a_failing_unit_leaves_its_whole_owner_out_and_nothing_else() {
     let engine = unit_engine();
-    let bad = Arc::new(
+    let bad = doc(
         json!({"kind": "ConfigMap", "metadata": {"namespace": "a", "name": "bad", "labels": {"group": "g"}}, "data": {"port": "99999"}}),
     );
     let out = engine
@@ -371,7 +374,7 @@ fn unchanged_units_replay_and_a_change_renders_only_its_units() {
     let again = engine.render_cached(&inputs(&objects), &mut cache).unwrap();
     assert_eq!((cache.stats.rendered, cache.stats.replayed), (0, 6));
     assert_eq!(first, again);
-    let changed = Arc::new(
+    let changed = doc(
         json!({"metadata": {"namespace": "b", "name": "y", "labels": {"group": "g1"}}, "data": {"port": 8080}}),
     );
     let objects = [objects[0].clone(), changed, objects[2].clone()];
@@ -456,8 +459,8 @@ impl Cluster {
     }
 }
 
-fn port(name: &str, value: serde_json::Value) -> Arc<serde_json::Value> {
-    Arc::new(json!({"metadata": {"namespace": "a", "name": name}, "data": {"port": value}}))
+fn port(name: &str, value: serde_json::Value) -> Arc<Doc> {
+    doc(json!({"metadata": {"namespace": "a", "name": name}, "data": {"port": value}}))
 }
 
 /// Renders incrementally and from scratch; both must be equal, unit spans included.

@@ -141,7 +141,7 @@ pub(super) enum Read {
         store: String,
         method: StoreMethod,
         keys: Vec<String>,
-        result: Vec<Arc<serde_json::Value>>,
+        result: Vec<Arc<crate::store::Doc>>,
         /// The store's version when the answer was last known to hold (0: no such store).
         version: Stamp,
     },
@@ -521,7 +521,7 @@ pub(super) fn note_store_read(
     version: u64,
     method: StoreMethod,
     keys: &[String],
-    result: &[Arc<serde_json::Value>],
+    result: &[Arc<crate::store::Doc>],
 ) {
     if recording() {
         record_read(Read::Store {
@@ -687,7 +687,7 @@ pub(super) fn input_unchanged(
                 version.set(s.version());
                 return true;
             }
-            let now: Vec<Arc<serde_json::Value>> = match method {
+            let now: Vec<Arc<crate::store::Doc>> = match method {
                 StoreMethod::List => s.list().cloned().collect(),
                 StoreMethod::Fetch => match s.fetch(keys) {
                     Ok(v) => v,

@@ -291,7 +291,7 @@ impl Webhook {
                 let filter = ObjectFilter::for_resource(&active.spec, watched);
                 if let Some(object) = filter.prepare(object) {
                     // An object the store cannot index is not rendered in production either.
-                    let _ = store.upsert(Arc::new(object));
+                    let _ = store.upsert_value(&object);
                 }
             }
         }

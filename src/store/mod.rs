@@ -6,6 +6,7 @@
 //! never objects. [`ObjectFilter`] prepares objects on arrival (ignored fields stripped,
 //! client-side field selector applied).
 
+pub mod doc;
 pub mod path;
 pub(crate) mod selector;
 
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::config::model::WatchedResource;
+pub use doc::{Doc, NodeRef};
 use crate::config::Spec;
 use path::PathExpr;
 use selector::FieldSelector;
@@ -35,6 +37,18 @@ pub fn object_key(object: &Value) -> Option<ObjectKey> {
     Some((namespace, name))
 }
 
+/// [`object_key`] of a stored object.
+pub fn doc_key(object: &Doc) -> Option<ObjectKey> {
+    let meta = object.root().get("metadata")?;
+    let name = meta.get("name")?.as_str()?.to_string();
+    let namespace = meta
+        .get("namespace")
+        .and_then(NodeRef::as_str)
+        .unwrap_or_default()
+        .to_string();
+    Some((namespace, name))
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreError {
     /// The object has no `metadata.name`.
@@ -43,6 +57,8 @@ pub enum StoreError {
     MissingIndexValue { object: String, expression: String },
     /// A lookup passed more keys than there are `indexBy` expressions.
     TooManyKeys { given: usize, index_by: usize },
+    /// The object is beyond what a compact document holds (512 MiB of text).
+    TooLarge,
 }
 
 impl fmt::Display for StoreError {
@@ -52,6 +68,7 @@ impl fmt::Display for StoreError {
             StoreError::MissingIndexValue { object, expression } => {
                 write!(f, "object {object} has no scalar value at indexBy expression {expression:?}; not stored")
             }
+            StoreError::TooLarge => write!(f, "{}", doc::TooLarge),
             StoreError::TooManyKeys { given, index_by } => {
                 write!(
                     f,
@@ -66,8 +83,51 @@ impl std::error::Error for StoreError {}
 
 #[derive(Debug, Clone)]
 struct Entry {
-    index_key: Vec<String>,
-    object: Arc<Value>,
+    /// The packed index key and object key (see [`pack`]), shared with `Store::index`.
+    indexed: Arc<str>,
+    object: Arc<Doc>,
+}
+
+/// Several strings as one, order preserved: each part is followed by `\0`, and a `\0` or
+/// `\x01` inside a part is written `\x01\x01` or `\x01\x02`. Comparing packed strings compares
+/// the parts in turn, and the parts of a prefix pack to a prefix. Stores keep their keys
+/// packed: one allocation per key instead of one per part and one per list.
+fn pack<S: AsRef<str>>(parts: &[S], out: &mut String) {
+    for part in parts {
+        for c in part.as_ref().chars() {
+            match c {
+                '\0' => out.push_str("\x01\x01"),
+                '\x01' => out.push_str("\x01\x02"),
+                c => out.push(c),
+            }
+        }
+        out.push('\0');
+    }
+}
+
+fn packed_key(key: &ObjectKey) -> Box<str> {
+    let mut out = String::with_capacity(key.0.len() + key.1.len() + 2);
+    pack(&[&key.0, &key.1], &mut out);
+    out.into_boxed_str()
+}
+
+/// The parts of a packed string.
+fn unpack(packed: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut part = String::new();
+    let mut chars = packed.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\0' => parts.push(std::mem::take(&mut part)),
+            '\x01' => part.push(if chars.next() == Some('\x01') {
+                '\0'
+            } else {
+                '\x01'
+            }),
+            c => part.push(c),
+        }
+    }
+    parts
 }
 
 /// How many recent changes a store remembers for [`Store::changed_since`].
@@ -85,8 +145,10 @@ fn next_version() -> u64 {
 #[derive(Debug, Clone)]
 pub struct Store {
     index_by: Arc<[PathExpr]>,
-    objects: BTreeMap<ObjectKey, Entry>,
-    index: BTreeMap<(Vec<String>, ObjectKey), Arc<Value>>,
+    /// By packed object key (namespace, name).
+    objects: BTreeMap<Box<str>, Entry>,
+    /// By packed index key followed by the object key.
+    index: BTreeMap<Arc<str>, Arc<Doc>>,
     /// Stamped on every change.
     version: u64,
     /// The index keys the latest changes touched (old and new), by version, oldest first;
@@ -170,11 +232,11 @@ impl Store {
         self.objects.is_empty()
     }
 
-    fn index_key(&self, object: &Value, key: &ObjectKey) -> Result<Vec<String>, StoreError> {
+    fn index_key(&self, object: &Doc, key: &ObjectKey) -> Result<Vec<String>, StoreError> {
         self.index_by
             .iter()
             .map(|expr| {
-                expr.key_of(object)
+                expr.key_of_node(object.root())
                     .ok_or_else(|| StoreError::MissingIndexValue {
                         object: if key.0.is_empty() {
                             key.1.clone()
@@ -187,10 +249,16 @@ impl Store {
             .collect()
     }
 
+    /// [`Store::upsert`] of a parsed object, kept as a compact [`Doc`].
+    pub fn upsert_value(&mut self, object: &Value) -> Result<(), StoreError> {
+        let doc = Doc::from_value(object).map_err(|_| StoreError::TooLarge)?;
+        self.upsert(Arc::new(doc))
+    }
+
     /// Adds or replaces an object. An object whose index value is missing is not stored, and a
     /// previous version of it is removed (it would otherwise linger under a stale key).
-    pub fn upsert(&mut self, object: Arc<Value>) -> Result<(), StoreError> {
-        let key = object_key(&object).ok_or(StoreError::Unnamed)?;
+    pub fn upsert(&mut self, object: Arc<Doc>) -> Result<(), StoreError> {
+        let key = doc_key(&object).ok_or(StoreError::Unnamed)?;
         let index_key = match self.index_key(&object, &key) {
             Ok(k) => k,
             Err(e) => {
@@ -198,72 +266,89 @@ impl Store {
                 return Err(e);
             }
         };
-        let old = self.objects.remove(&key);
+        let mut indexed = String::new();
+        pack(&index_key, &mut indexed);
+        pack(&[&key.0, &key.1], &mut indexed);
+        let indexed: Arc<str> = Arc::from(indexed);
+        let packed = packed_key(&key);
+        let old = self.objects.remove(&packed);
         if let Some(old) = &old {
-            self.index.remove(&(old.index_key.clone(), key.clone()));
+            self.index.remove(&old.indexed);
         }
         match &old {
-            Some(old) if old.index_key != index_key => {
-                self.log_change(&[&old.index_key, &index_key])
+            Some(old) if old.indexed != indexed => {
+                let old_key = unpack(&old.indexed);
+                let old_key = &old_key[..old_key.len().saturating_sub(2)];
+                self.log_change(&[old_key, &index_key])
             }
             _ => self.log_change(&[&index_key]),
         }
-        self.index
-            .insert((index_key.clone(), key.clone()), object.clone());
-        self.objects.insert(key, Entry { index_key, object });
+        self.index.insert(indexed.clone(), object.clone());
+        self.objects.insert(packed, Entry { indexed, object });
         Ok(())
     }
 
     /// Removes exactly this object; others sharing its index key stay.
     pub fn delete(&mut self, key: &ObjectKey) -> bool {
-        match self.objects.remove(key) {
+        match self.objects.remove(&packed_key(key)) {
             Some(old) => {
-                self.log_change(&[&old.index_key]);
-                self.index.remove(&(old.index_key, key.clone()));
+                let index_key = unpack(&old.indexed);
+                self.log_change(&[&index_key[..index_key.len().saturating_sub(2)]]);
+                self.index.remove(&old.indexed);
                 true
             }
             None => false,
         }
     }
 
-    pub fn get_by_key(&self, key: &ObjectKey) -> Option<&Arc<Value>> {
-        self.objects.get(key).map(|e| &e.object)
+    pub fn get_by_key(&self, key: &ObjectKey) -> Option<&Arc<Doc>> {
+        self.objects.get(&packed_key(key)).map(|e| &e.object)
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &ObjectKey> {
-        self.objects.keys()
+    /// The (namespace, name) of every object, in that order.
+    pub fn keys(&self) -> impl Iterator<Item = ObjectKey> + '_ {
+        self.objects.keys().map(|k| {
+            let mut parts = unpack(k).into_iter();
+            let namespace = parts.next().unwrap_or_default();
+            (namespace, parts.next().unwrap_or_default())
+        })
     }
 
     /// Every object, ordered by namespace then name.
-    pub fn list(&self) -> impl ExactSizeIterator<Item = &Arc<Value>> {
+    pub fn list(&self) -> impl ExactSizeIterator<Item = &Arc<Doc>> {
         self.objects.values().map(|e| &e.object)
     }
 
     /// Objects whose composite key equals `keys` (all expressions given) or starts with it
     /// (fewer given), ordered by namespace then name.
-    pub fn fetch(&self, keys: &[String]) -> Result<Vec<Arc<Value>>, StoreError> {
+    pub fn fetch(&self, keys: &[String]) -> Result<Vec<Arc<Doc>>, StoreError> {
         if keys.len() > self.index_by.len() {
             return Err(StoreError::TooManyKeys {
                 given: keys.len(),
                 index_by: self.index_by.len(),
             });
         }
-        let start = (keys.to_vec(), (String::new(), String::new()));
-        let mut found: Vec<(&ObjectKey, &Arc<Value>)> = self
+        let mut prefix = String::new();
+        pack(keys, &mut prefix);
+        let prefix: Arc<str> = Arc::from(prefix);
+        let found = self
             .index
-            .range(start..)
-            .take_while(|((index_key, _), _)| index_key.starts_with(keys))
-            .map(|((_, object_key), object)| (object_key, object))
-            .collect();
-        if keys.len() < self.index_by.len() {
-            // Prefix matches span several composite keys; restore namespace/name order.
-            found.sort_by(|a, b| a.0.cmp(b.0));
+            .range(prefix.clone()..)
+            .take_while(|(indexed, _)| indexed.starts_with(&*prefix));
+        if keys.len() == self.index_by.len() {
+            // One composite key: the index already orders its objects by namespace/name.
+            return Ok(found.map(|(_, o)| o.clone()).collect());
         }
+        // Prefix matches span several composite keys; restore namespace/name order.
+        let mut found: Vec<(ObjectKey, &Arc<Doc>)> = found
+            .filter_map(|(_, o)| Some((doc_key(o)?, o)))
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(found.into_iter().map(|(_, o)| o.clone()).collect())
     }
 
     /// The single object matching `keys`; `None` when there are none or several.
-    pub fn get_one(&self, keys: &[String]) -> Result<Option<Arc<Value>>, StoreError> {
+    pub fn get_one(&self, keys: &[String]) -> Result<Option<Arc<Doc>>, StoreError> {
         let mut found = self.fetch(keys)?;
         Ok(if found.len() == 1 { found.pop() } else { None })
     }
@@ -335,10 +420,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn slice(ns: &str, name: &str, service: &str) -> Arc<Value> {
-        Arc::new(
-            json!({"metadata": {"namespace": ns, "name": name, "labels": {"kubernetes.io/service-name": service}}}),
-        )
+    fn slice(ns: &str, name: &str, service: &str) -> Arc<Doc> {
+        let v = json!({"metadata": {"namespace": ns, "name": name, "labels": {"kubernetes.io/service-name": service}}});
+        Arc::new(Doc::from_value(&v).unwrap())
     }
 
     fn store() -> Store {
@@ -348,15 +432,12 @@ mod tests {
         ])
     }
 
-    fn names(objects: &[Arc<Value>]) -> Vec<String> {
+    fn names(objects: &[Arc<Doc>]) -> Vec<String> {
         objects
             .iter()
             .map(|o| {
-                format!(
-                    "{}/{}",
-                    o["metadata"]["namespace"].as_str().unwrap(),
-                    o["metadata"]["name"].as_str().unwrap()
-                )
+                let (ns, name) = doc_key(o).unwrap();
+                format!("{ns}/{name}")
             })
             .collect()
     }
@@ -423,13 +504,44 @@ mod tests {
         s.upsert(slice("a", "one", "api")).unwrap();
         assert!(s.fetch(&k(&["a", "web"])).unwrap().is_empty());
         assert_eq!(s.len(), 1);
-        let unindexable = Arc::new(json!({"metadata": {"namespace": "a", "name": "one"}}));
-        let err = s.upsert(unindexable).unwrap_err();
+        let unindexable = json!({"metadata": {"namespace": "a", "name": "one"}});
+        let err = s.upsert_value(&unindexable).unwrap_err();
         assert!(
             err.to_string().contains("a/one") && err.to_string().contains("service-name"),
             "{err}"
         );
         assert!(s.is_empty(), "the stale version is gone");
+    }
+
+    #[test]
+    fn index_values_with_control_characters_keep_their_order_and_prefixes() {
+        // Values the packed keys must escape: a prefix lookup for "a" must not see "a\0b" or
+        // "a\x01", and every object is found under its own key.
+        let mut s = store();
+        let services = ["a", "a\0b", "a\x01", "a\x01\x01", "", "\0", "b"];
+        for (i, svc) in services.iter().enumerate() {
+            s.upsert(slice("ns", &format!("s{i}"), svc)).unwrap();
+        }
+        for (i, svc) in services.iter().enumerate() {
+            assert_eq!(
+                names(&s.fetch(&k(&["ns", svc])).unwrap()),
+                [format!("ns/s{i}")],
+                "{svc:?}"
+            );
+        }
+        assert_eq!(s.fetch(&k(&["ns"])).unwrap().len(), services.len());
+        assert_eq!(
+            s.keys().collect::<Vec<_>>(),
+            (0..services.len())
+                .map(|i| ("ns".to_string(), format!("s{i}")))
+                .collect::<Vec<_>>()
+        );
+        // Moving between such keys logs both the old and the new key.
+        let before = s.version();
+        s.upsert(slice("ns", "s1", "b")).unwrap();
+        assert_eq!(s.changed_since(before, &k(&["ns", "a\0b"])), Some(true));
+        assert_eq!(s.changed_since(before, &k(&["ns", "a"])), Some(false));
+        assert_eq!(names(&s.fetch(&k(&["ns", "b"])).unwrap()), ["ns/s1", "ns/s6"]);
     }
 
     #[test]

@@ -123,6 +123,24 @@ impl PathExpr {
         })
     }
 
+    pub fn get_node<'d>(&self, node: super::NodeRef<'d>) -> Option<super::NodeRef<'d>> {
+        self.steps.iter().try_fold(node, |n, step| match step {
+            Step::Key(k) => n.get(k),
+            Step::Index(i) => n.at(*i),
+        })
+    }
+
+    /// [`PathExpr::key_of`] for a stored object.
+    pub fn key_of_node(&self, node: super::NodeRef<'_>) -> Option<String> {
+        let found = self.get_node(node)?;
+        match found.kind() {
+            super::doc::Kind::String | super::doc::Kind::Number | super::doc::Kind::Bool => {
+                scalar_key(&found.to_value())
+            }
+            _ => None,
+        }
+    }
+
     /// Removes the addressed field; a missing path is a no-op. Returns whether something went.
     pub fn remove(&self, value: &mut Value) -> bool {
         let Some((last, parents)) = self.steps.split_last() else {

@@ -46,7 +46,7 @@ pub fn build_stores(
             let Some(object) = filter.prepare(object) else {
                 continue;
             };
-            if let Err(e) = store.upsert(Arc::new(object)) {
+            if let Err(e) = store.upsert_value(&object) {
                 skipped.push(format!("{name}: {e}"));
             }
         }
@@ -54,7 +54,7 @@ pub fn build_stores(
     }
     let mut pods = Store::new(crate::render::pod_index());
     for object in fixtures.remove(HAPROXY_PODS).into_iter().flatten() {
-        if let Err(e) = pods.upsert(Arc::new(object)) {
+        if let Err(e) = pods.upsert_value(&object) {
             skipped.push(format!("{HAPROXY_PODS}: {e}"));
         }
     }

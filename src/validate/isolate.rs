@@ -308,9 +308,9 @@ mod tests {
         ]);
         for (name, weight, key) in things {
             store
-                .upsert(Arc::new(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                .upsert_value(&json!({"apiVersion": "v1", "kind": "ConfigMap",
                     "metadata": {"namespace": "ns", "name": name},
-                    "data": {"weight": weight, "key": key}})))
+                    "data": {"weight": weight, "key": key}}))
                 .unwrap();
         }
         RenderInputs {

@@ -1,0 +1,657 @@
+//! [`Doc`]: a stored Kubernetes object in a compact, immutable form.
+//!
+//! A `serde_json::Value` tree costs about twenty times its JSON: every object is a B-tree
+//! node sized for eleven entries, and every key and string is its own allocation. Stores hold
+//! tens of thousands of objects for the life of the controller, so they keep them as `Doc`s
+//! instead: the nodes in preorder, eight bytes each, and every distinct string of the object
+//! once, in one text buffer. A node is read in place (templates see it through
+//! `render::objects::JsonNode`), so nothing is converted per render.
+//!
+//! Layout: a node is a kind, the text offset of its key (members of objects) and one more
+//! number: the text offset of a string or number, the value of a boolean, or for arrays and
+//! objects the index one past their last descendant (so a walk skips a child's subtree in one
+//! step). Text entries are a length prefix of ASCII bytes (six bits each, 0x40 = more follows)
+//! and the string's bytes, so the buffer stays a `str`. Members keep the order of the
+//! `serde_json` map they came from (sorted by key). Arrays and objects with more than
+//! [`WIDE`] children also get a row of their children's indices, so that indexing an array and
+//! finding a key (binary search) do not walk.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde_json::Value;
+
+/// Containers with more children than this get a direct index of them.
+const WIDE: usize = 16;
+
+/// Key offsets share a word with the kind, so text beyond this is refused.
+const MAX_TEXT: usize = 1 << 29;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Null,
+    Bool,
+    Number,
+    String,
+    Array,
+    Object,
+}
+
+const KINDS: [Kind; 6] = [
+    Kind::Null,
+    Kind::Bool,
+    Kind::Number,
+    Kind::String,
+    Kind::Array,
+    Kind::Object,
+];
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    /// Kind (top three bits) and the text offset of the member's key (0, the empty string,
+    /// for array items and the root).
+    head: u32,
+    /// Text offset (string, number), 0/1 (bool), end of subtree (array, object).
+    value: u32,
+}
+
+impl Node {
+    fn kind(self) -> Kind {
+        KINDS[(self.head >> 29) as usize]
+    }
+
+    fn key(self) -> u32 {
+        self.head & (MAX_TEXT as u32 - 1)
+    }
+}
+
+/// An object too large to be stored compactly (its strings exceed 512 MiB).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooLarge;
+
+impl fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "object too large to store (more than 512 MiB of text)")
+    }
+}
+
+/// One JSON document, immutable once built.
+pub struct Doc {
+    nodes: Box<[Node]>,
+    text: Box<str>,
+    /// `(container node, start in children, count)` for every wide container, by node.
+    wide: Box<[(u32, u32, u32)]>,
+    /// Rows of child node indices of wide containers; an object's row is sorted by key.
+    children: Box<[u32]>,
+}
+
+impl Doc {
+    pub fn from_value(value: &Value) -> Result<Doc, TooLarge> {
+        let mut b = Builder {
+            nodes: Vec::new(),
+            text: String::new(),
+            offsets: HashMap::new(),
+            wide: Vec::new(),
+            children: Vec::new(),
+        };
+        b.intern("")?;
+        b.push(value, 0)?;
+        // Rows are written as containers end (innermost first); lookups search by node.
+        b.wide.sort_unstable_by_key(|w| w.0);
+        Ok(Doc {
+            nodes: b.nodes.into_boxed_slice(),
+            text: b.text.into_boxed_str(),
+            wide: b.wide.into_boxed_slice(),
+            children: b.children.into_boxed_slice(),
+        })
+    }
+
+    pub fn root(&self) -> NodeRef<'_> {
+        NodeRef { doc: self, idx: 0 }
+    }
+
+    /// The node at `idx` (as given by [`NodeRef::index`]); `None` past the end.
+    pub fn node(&self, idx: u32) -> Option<NodeRef<'_>> {
+        ((idx as usize) < self.nodes.len()).then_some(NodeRef { doc: self, idx })
+    }
+
+    /// Bytes held on the heap (for memory accounting).
+    pub fn heap_bytes(&self) -> usize {
+        self.nodes.len() * std::mem::size_of::<Node>()
+            + self.text.len()
+            + self.wide.len() * 12
+            + self.children.len() * 4
+    }
+
+    pub fn to_value(&self) -> Value {
+        self.root().to_value()
+    }
+
+    fn string_at(&self, offset: u32) -> &str {
+        string_at(&self.text, offset)
+    }
+
+    fn wide_row(&self, idx: u32) -> Option<&[u32]> {
+        if self.wide.is_empty() {
+            return None;
+        }
+        let i = self.wide.binary_search_by_key(&idx, |w| w.0).ok()?;
+        let (_, start, count) = self.wide[i];
+        self.children.get(start as usize..(start + count) as usize)
+    }
+}
+
+impl fmt::Debug for Doc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = serde_json::to_string(&self.root()).map_err(|_| fmt::Error)?;
+        write!(f, "Doc({text})")
+    }
+}
+
+impl PartialEq for Doc {
+    fn eq(&self, other: &Doc) -> bool {
+        self.root() == other.root()
+    }
+}
+
+impl Serialize for Doc {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.root().serialize(s)
+    }
+}
+
+/// A node of a [`Doc`].
+#[derive(Clone, Copy)]
+pub struct NodeRef<'a> {
+    doc: &'a Doc,
+    idx: u32,
+}
+
+impl<'a> NodeRef<'a> {
+    fn node(self) -> Node {
+        self.doc.nodes[self.idx as usize]
+    }
+
+    /// This node's position in its document (see [`Doc::node`]).
+    pub fn index(self) -> u32 {
+        self.idx
+    }
+
+    pub fn kind(self) -> Kind {
+        self.node().kind()
+    }
+
+    /// One past the last node of this subtree.
+    fn end(self) -> u32 {
+        match self.kind() {
+            Kind::Array | Kind::Object => self.node().value,
+            _ => self.idx + 1,
+        }
+    }
+
+    fn first_child(self) -> Option<NodeRef<'a>> {
+        match self.kind() {
+            Kind::Array | Kind::Object if self.node().value > self.idx + 1 => Some(NodeRef {
+                doc: self.doc,
+                idx: self.idx + 1,
+            }),
+            _ => None,
+        }
+    }
+
+    /// The children of an array or object (values, in order); empty for scalars.
+    pub fn items(self) -> Children<'a> {
+        Children {
+            doc: self.doc,
+            next: self.first_child().map(|c| c.idx),
+            end: self.end(),
+        }
+    }
+
+    /// The members of an object as (key, value), in key order; empty for anything else.
+    pub fn members(self) -> impl Iterator<Item = (&'a str, NodeRef<'a>)> {
+        let children = if self.kind() == Kind::Object {
+            self.items()
+        } else {
+            Children {
+                doc: self.doc,
+                next: None,
+                end: 0,
+            }
+        };
+        children.map(|c| (c.key(), c))
+    }
+
+    /// The key of an object member ("" for anything else).
+    pub fn key(self) -> &'a str {
+        self.doc.string_at(self.node().key())
+    }
+
+    /// Number of children of an array or object; 0 for scalars.
+    pub fn len(self) -> usize {
+        match self.wide_row() {
+            Some(row) => row.len(),
+            None => self.items().count(),
+        }
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.first_child().is_none()
+    }
+
+    /// The member `key` of an object.
+    pub fn get(self, key: &str) -> Option<NodeRef<'a>> {
+        if self.kind() != Kind::Object {
+            return None;
+        }
+        let first = self.first_child()?;
+        if let Some(row) = self.wide_row() {
+            let i = row
+                .binary_search_by(|&c| self.doc_node(c).key().cmp(key))
+                .ok()?;
+            return Some(self.doc_node(row[i]));
+        }
+        let mut child = Some(first);
+        while let Some(c) = child {
+            if c.key() == key {
+                return Some(c);
+            }
+            child = self.next_sibling(c);
+        }
+        None
+    }
+
+    /// Item `i` of an array.
+    pub fn at(self, i: usize) -> Option<NodeRef<'a>> {
+        if self.kind() != Kind::Array {
+            return None;
+        }
+        if let Some(row) = self.wide_row() {
+            return row.get(i).map(|&c| self.doc_node(c));
+        }
+        self.items().nth(i)
+    }
+
+    fn wide_row(self) -> Option<&'a [u32]> {
+        self.doc.wide_row(self.idx)
+    }
+
+    fn doc_node(self, idx: u32) -> NodeRef<'a> {
+        NodeRef { doc: self.doc, idx }
+    }
+
+    fn next_sibling(self, child: NodeRef<'a>) -> Option<NodeRef<'a>> {
+        let next = child.end();
+        (next < self.end()).then_some(self.doc_node(next))
+    }
+
+    pub fn as_str(self) -> Option<&'a str> {
+        (self.kind() == Kind::String).then(|| self.doc.string_at(self.node().value))
+    }
+
+    pub fn as_bool(self) -> Option<bool> {
+        (self.kind() == Kind::Bool).then(|| self.node().value == 1)
+    }
+
+    pub fn is_null(self) -> bool {
+        self.kind() == Kind::Null
+    }
+
+    /// A number as it was written (serde_json's rendering).
+    pub fn number_text(self) -> Option<&'a str> {
+        (self.kind() == Kind::Number).then(|| self.doc.string_at(self.node().value))
+    }
+
+    pub fn as_i64(self) -> Option<i64> {
+        self.number_text()?.parse().ok()
+    }
+
+    pub fn as_u64(self) -> Option<u64> {
+        self.number_text()?.parse().ok()
+    }
+
+    pub fn as_f64(self) -> Option<f64> {
+        self.number_text()?.parse().ok()
+    }
+
+    /// The node at a path of keys.
+    pub fn pointer(self, keys: &[&str]) -> Option<NodeRef<'a>> {
+        keys.iter().try_fold(self, |n, k| n.get(k))
+    }
+
+    pub fn to_value(self) -> Value {
+        match self.kind() {
+            Kind::Null => Value::Null,
+            Kind::Bool => Value::Bool(self.node().value == 1),
+            Kind::Number => self
+                .number_text()
+                .and_then(|t| t.parse::<serde_json::Number>().ok())
+                .map(Value::Number)
+                .unwrap_or(Value::Null),
+            Kind::String => Value::String(self.as_str().unwrap_or_default().to_string()),
+            Kind::Array => Value::Array(self.items().map(NodeRef::to_value).collect()),
+            Kind::Object => Value::Object(
+                self.members()
+                    .map(|(k, v)| (k.to_string(), v.to_value()))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+impl PartialEq for NodeRef<'_> {
+    fn eq(&self, other: &NodeRef<'_>) -> bool {
+        if self.kind() != other.kind() {
+            return false;
+        }
+        match self.kind() {
+            Kind::Null => true,
+            Kind::Bool => self.as_bool() == other.as_bool(),
+            Kind::Number => self.number_text() == other.number_text(),
+            Kind::String => self.as_str() == other.as_str(),
+            Kind::Array => self.items().eq(other.items()),
+            Kind::Object => self.members().eq(other.members()),
+        }
+    }
+}
+
+impl fmt::Debug for NodeRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = serde_json::to_string(self).map_err(|_| fmt::Error)?;
+        f.write_str(&text)
+    }
+}
+
+impl Serialize for NodeRef<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.kind() {
+            Kind::Null => s.serialize_unit(),
+            Kind::Bool => s.serialize_bool(self.node().value == 1),
+            Kind::Number => self.to_value().serialize(s),
+            Kind::String => s.serialize_str(self.as_str().unwrap_or_default()),
+            Kind::Array => {
+                let mut seq = s.serialize_seq(None)?;
+                for item in self.items() {
+                    seq.serialize_element(&item)?;
+                }
+                seq.end()
+            }
+            Kind::Object => {
+                let mut map = s.serialize_map(None)?;
+                for (k, v) in self.members() {
+                    map.serialize_entry(k, &v)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+/// The children of an array or object, in order.
+pub struct Children<'a> {
+    doc: &'a Doc,
+    next: Option<u32>,
+    end: u32,
+}
+
+impl<'a> Iterator for Children<'a> {
+    type Item = NodeRef<'a>;
+
+    fn next(&mut self) -> Option<NodeRef<'a>> {
+        let idx = self.next?;
+        let node = NodeRef { doc: self.doc, idx };
+        let after = node.end();
+        self.next = (after < self.end).then_some(after);
+        Some(node)
+    }
+}
+
+/// The text entry at `offset` (a length prefix, then the bytes).
+fn string_at(text: &str, offset: u32) -> &str {
+    let bytes = text.as_bytes();
+    let (mut len, mut shift, mut at) = (0usize, 0u32, offset as usize);
+    // Entries are only ever written by `Builder::write`, so the prefix is well formed; a
+    // corrupt one could only make the slice below fail, never read out of bounds.
+    while let Some(&b) = bytes.get(at) {
+        len |= usize::from(b & 0x3f) << shift;
+        at += 1;
+        if b & 0x40 == 0 {
+            break;
+        }
+        shift += 6;
+    }
+    text.get(at..at + len).unwrap_or_default()
+}
+
+struct Builder<'v> {
+    nodes: Vec<Node>,
+    text: String,
+    /// Each distinct string is written once.
+    offsets: HashMap<&'v str, u32>,
+    wide: Vec<(u32, u32, u32)>,
+    children: Vec<u32>,
+}
+
+impl<'v> Builder<'v> {
+    fn intern(&mut self, s: &'v str) -> Result<u32, TooLarge> {
+        if let Some(&at) = self.offsets.get(s) {
+            return Ok(at);
+        }
+        let at = self.write(s)?;
+        self.offsets.insert(s, at);
+        Ok(at)
+    }
+
+    /// Appends a text entry: the length prefix, then the bytes.
+    fn write(&mut self, s: &str) -> Result<u32, TooLarge> {
+        let at = self.text.len();
+        let mut len = s.len();
+        loop {
+            let digit = (len & 0x3f) as u8;
+            len >>= 6;
+            if len == 0 {
+                self.text.push(char::from(digit));
+                break;
+            }
+            self.text.push(char::from(digit | 0x40));
+        }
+        self.text.push_str(s);
+        if self.text.len() >= MAX_TEXT {
+            return Err(TooLarge);
+        }
+        Ok(at as u32)
+    }
+
+    fn push(&mut self, value: &'v Value, key: u32) -> Result<(), TooLarge> {
+        let idx = u32::try_from(self.nodes.len()).map_err(|_| TooLarge)?;
+        let (kind, payload) = match value {
+            Value::Null => (Kind::Null, 0),
+            Value::Bool(b) => (Kind::Bool, u32::from(*b)),
+            // Kept as serde_json prints it; numbers are few, so they are not deduplicated.
+            Value::Number(n) => (Kind::Number, self.write(&n.to_string())?),
+            Value::String(s) => (Kind::String, self.intern(s)?),
+            Value::Array(_) => (Kind::Array, 0),
+            Value::Object(_) => (Kind::Object, 0),
+        };
+        let kind_bits = KINDS.iter().position(|k| *k == kind).unwrap_or(0) as u32;
+        self.nodes.push(Node {
+            head: kind_bits << 29 | key,
+            value: payload,
+        });
+        let mut row = Vec::new();
+        match value {
+            Value::Array(items) => {
+                for item in items {
+                    row.push(self.nodes.len() as u32);
+                    self.push(item, 0)?;
+                }
+            }
+            Value::Object(map) => {
+                for (k, v) in map {
+                    let key = self.intern(k)?;
+                    row.push(self.nodes.len() as u32);
+                    self.push(v, key)?;
+                }
+            }
+            _ => return Ok(()),
+        }
+        let end = u32::try_from(self.nodes.len()).map_err(|_| TooLarge)?;
+        self.nodes[idx as usize].value = end;
+        if row.len() > WIDE {
+            if let Value::Object(_) = value {
+                let key = |c: u32| self.nodes[c as usize].key();
+                let text = |at: u32| string_at(&self.text, at);
+                row.sort_by(|&a, &b| text(key(a)).cmp(text(key(b))));
+            }
+            let start = u32::try_from(self.children.len()).map_err(|_| TooLarge)?;
+            self.wide.push((idx, start, row.len() as u32));
+            self.children.extend(row);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc(v: &Value) -> Doc {
+        Doc::from_value(v).unwrap()
+    }
+
+    /// A deterministic pseudo-random JSON value (xorshift), with every kind, long and
+    /// non-ASCII strings, repeated strings and containers on both sides of `WIDE`.
+    fn random_value(seed: &mut u64, depth: usize) -> Value {
+        let mut next = || {
+            *seed ^= *seed << 13;
+            *seed ^= *seed >> 7;
+            *seed ^= *seed << 17;
+            *seed
+        };
+        let pick = next() % if depth == 0 { 5 } else { 7 };
+        match pick {
+            0 => Value::Null,
+            1 => Value::Bool(next() % 2 == 0),
+            2 => match next() % 4 {
+                0 => json!(next() as i64),
+                1 => json!(next()),
+                2 => json!((next() % 1000) as f64 / 8.0),
+                _ => json!(-((next() % 100) as i64)),
+            },
+            3 => {
+                let words = ["", "a", "name", "ä€😀", "metadata", "x\"\\\n\u{0}y"];
+                let len = match next() % 8 {
+                    0 => 70,
+                    1 => 5000,
+                    _ => 1,
+                };
+                Value::String(words[(next() % 6) as usize].repeat(len))
+            }
+            4 => Value::String(format!("s{}", next() % 5)),
+            5 => {
+                let n = [0, 1, 3, WIDE, WIDE + 1, 40][(next() % 6) as usize];
+                Value::Array((0..n).map(|_| random_value(seed, depth - 1)).collect())
+            }
+            _ => {
+                let n = [0, 1, 3, WIDE, WIDE + 1, 40][(next() % 6) as usize];
+                let mut map = serde_json::Map::new();
+                for i in 0..n {
+                    let key = format!("k{}{}", i % 7, "é".repeat(i % 3));
+                    map.insert(key, random_value(seed, depth - 1));
+                }
+                Value::Object(map)
+            }
+        }
+    }
+
+    /// Every lookup a template can make on `d` answers as the same lookup on `v`.
+    fn same_answers(d: NodeRef<'_>, v: &Value) {
+        assert_eq!(d.to_value(), *v);
+        match v {
+            Value::Object(map) => {
+                assert_eq!(d.kind(), Kind::Object);
+                assert_eq!(d.len(), map.len());
+                let members: Vec<_> = d.members().map(|(k, _)| k.to_string()).collect();
+                assert_eq!(members, map.keys().cloned().collect::<Vec<_>>());
+                for (k, item) in map {
+                    same_answers(d.get(k).expect("a member"), item);
+                }
+                assert!(d.get("missing key").is_none());
+                assert!(d.at(0).is_none());
+            }
+            Value::Array(items) => {
+                assert_eq!(d.kind(), Kind::Array);
+                assert_eq!(d.len(), items.len());
+                for (i, item) in items.iter().enumerate() {
+                    same_answers(d.at(i).expect("an item"), item);
+                }
+                assert!(d.at(items.len()).is_none());
+                assert!(d.get("0").is_none());
+            }
+            Value::String(s) => assert_eq!(d.as_str(), Some(s.as_str())),
+            Value::Number(n) => {
+                assert_eq!(d.as_i64(), n.as_i64());
+                assert_eq!(d.as_u64(), n.as_u64());
+                assert_eq!(d.as_f64(), n.as_f64());
+            }
+            Value::Bool(b) => assert_eq!(d.as_bool(), Some(*b)),
+            Value::Null => assert!(d.is_null()),
+        }
+    }
+
+    #[test]
+    fn answers_every_lookup_as_the_parsed_value_does() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..300 {
+            let v = random_value(&mut seed, 4);
+            let d = doc(&v);
+            same_answers(d.root(), &v);
+            assert_eq!(serde_json::to_string(&d).unwrap(), v.to_string());
+        }
+    }
+
+    #[test]
+    fn wide_containers_are_indexed_and_small_ones_are_not() {
+        let wide: serde_json::Map<String, Value> =
+            (0..100).map(|i| (format!("key-{i:03}"), json!(i))).collect();
+        let v = json!({"wide": wide, "list": (0..100).collect::<Vec<_>>(), "small": {"a": 1}});
+        let d = doc(&v);
+        assert_eq!(d.wide.len(), 2);
+        let root = d.root();
+        assert_eq!(root.pointer(&["wide", "key-057"]).unwrap().as_i64(), Some(57));
+        assert_eq!(root.get("list").unwrap().at(99).unwrap().as_i64(), Some(99));
+        assert_eq!(root.get("list").unwrap().len(), 100);
+        assert_eq!(root.pointer(&["small", "a"]).unwrap().as_i64(), Some(1));
+    }
+
+    #[test]
+    fn repeated_strings_are_stored_once() {
+        let v = json!({"namespace": "team-a", "labels": {"namespace": "team-a", "app": "team-a"},
+            "list": ["team-a", "team-a", "team-a"]});
+        let d = doc(&v);
+        assert_eq!(d.text.matches("team-a").count(), 1);
+        assert_eq!(d.text.matches("namespace").count(), 1);
+        same_answers(d.root(), &v);
+    }
+
+    #[test]
+    fn a_typical_object_is_smaller_than_its_json() {
+        let v = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": "web-abcde", "namespace": "shop", "labels": {"kubernetes.io/service-name": "web"},
+                "resourceVersion": "123456", "uid": "8d7b4e5c-2a55-4b0e-9d6f-3f1c2b7a9e10"},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [
+                {"addresses": ["10.1.0.1"], "conditions": {"ready": true, "serving": true, "terminating": false}, "nodeName": "node-1"},
+                {"addresses": ["10.1.0.2"], "conditions": {"ready": true, "serving": true, "terminating": false}, "nodeName": "node-2"},
+                {"addresses": ["10.1.0.3"], "conditions": {"ready": true, "serving": true, "terminating": false}, "nodeName": "node-1"}]});
+        let d = doc(&v);
+        let json_len = v.to_string().len();
+        assert!(
+            d.heap_bytes() < json_len * 3 / 2,
+            "{} bytes for {json_len} bytes of JSON",
+            d.heap_bytes()
+        );
+    }
+}
