@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use haptic::render::current_config::CurrentConfig;
 use haptic::render::{Engine, RenderCache, RenderInputs};
 use haptic::store::{Doc, Store};
-use haptic::validate::fixtures::{build_stores, load_fixture_inputs};
+use haptic::validate::fixtures::load_fixture_stores;
 use serde_json::{json, Value};
 
 #[path = "../tests/support/libraries.rs"]
@@ -69,9 +69,8 @@ fn main() {
             .status()
             .expect("python3");
         assert!(status.success(), "bench-objects.py failed");
-        let (fixtures, _) =
-            load_fixture_inputs(&spec, &[objects.display().to_string()]).expect("fixtures");
-        let (stores, skipped) = build_stores(&spec, fixtures);
+        let (stores, _, skipped) =
+            load_fixture_stores(&spec, &[objects.display().to_string()]).expect("fixtures");
         assert!(skipped.is_empty(), "{skipped:?}");
         let raw_json: usize = stores
             .values()

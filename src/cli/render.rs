@@ -8,7 +8,7 @@ use super::args::{opt, parse, switch, usage, Spec};
 use super::{haproxy_bin, CommandResult};
 use crate::render::current_config::CurrentConfig;
 use crate::render::{Engine, RenderCache, RenderInputs};
-use crate::validate::fixtures::{build_stores, load_fixture_inputs};
+use crate::validate::fixtures::load_fixture_stores;
 use crate::validate::haproxy::{check_bundle, write_bundle};
 use crate::validate::isolate::{render_validated, Failure};
 
@@ -95,11 +95,10 @@ pub(super) fn run(args: &[String]) -> CommandResult {
     let engine = Engine::new(&spec).map_err(|e| format!("{sources}: {e}"))?;
 
     let load_started = std::time::Instant::now();
-    let (fixtures, warnings) = load_fixture_inputs(&spec, &parsed.all("fixtures"))?;
+    let (stores, warnings, skipped) = load_fixture_stores(&spec, &parsed.all("fixtures"))?;
     for warning in warnings {
         eprintln!("warning: {warning}");
     }
-    let (stores, skipped) = build_stores(&spec, fixtures);
     for problem in skipped {
         eprintln!("warning: skipping fixture {problem}");
     }

@@ -119,7 +119,7 @@ struct Desired {
     validation: Option<Option<String>>,
     reconcile: Option<Option<(String, String)>>,
     published: Option<Arc<Published>>,
-    templates: BTreeMap<(String, String, String, String), Value>,
+    templates: BTreeMap<(String, String, String, String), Arc<Value>>,
     /// The list `templates` was built from (a render that changed no status sends the same).
     templates_from: Option<Arc<Vec<StatusUpdate>>>,
     dropped: Vec<crate::render::Dropped>,
@@ -137,7 +137,9 @@ struct Written {
     generation: i64,
     haproxycfg: Option<(String, String)>,
     /// Per object: the status the templates asked for, and what was written (with times).
-    templates: BTreeMap<(String, String, String, String), (Value, Value)>,
+    /// (desired, as written with its condition timestamps): the same `Arc` when no condition
+    /// was stamped, so that equal statuses of thousands of objects stay one value.
+    templates: BTreeMap<(String, String, String, String), (Arc<Value>, Arc<Value>)>,
     last_error_event: Option<String>,
     refused_pods: std::collections::BTreeSet<String>,
     haproxycfg_unavailable: bool,
@@ -413,14 +415,19 @@ impl StatusWriter {
             if previous.is_some_and(|(desired, _)| desired == status) {
                 continue;
             }
-            let mut stamped = status.clone();
-            stamp_conditions(&mut stamped, previous.map(|(_, s)| s), &now);
+            let mut stamped = (**status).clone();
+            stamp_conditions(&mut stamped, previous.map(|(_, s)| &**s), &now);
+            let stamped = if stamped == **status {
+                status.clone()
+            } else {
+                Arc::new(stamped)
+            };
             let (api_version, kind, namespace, name) = key;
             let res = ResourceRef::new(api_version, &plural_of(kind), !namespace.is_empty());
             let ns = (!namespace.is_empty()).then_some(namespace.as_str());
             match self
                 .client
-                .merge_patch_status(&res, ns, name, &json!({"status": stamped}))
+                .merge_patch_status(&res, ns, name, &json!({"status": &*stamped}))
             {
                 Ok(_) => {
                     written

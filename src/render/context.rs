@@ -10,7 +10,7 @@ use crate::lock;
 use super::units;
 
 use haptic_agent::protocol::FileKind;
-use minijinja::value::{from_args, Object, ObjectRepr, Value};
+use minijinja::value::{from_args, Enumerator, Object, ObjectRepr, Value};
 use minijinja::{Error, ErrorKind, State};
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -373,6 +373,7 @@ impl Object for Shared {
             }
             "set" => {
                 let (key, value): (&str, Value) = from_args(args)?;
+                let value = compact(&value);
                 let old = self.set_value(key, value.clone());
                 units::note_effect(
                     units::Effect::SharedSet(key.to_string(), value),
@@ -382,6 +383,7 @@ impl Object for Shared {
             }
             "append" => {
                 let (key, item): (&str, Value) = from_args(args)?;
+                let item = compact(&item);
                 self.append_value(key, item.clone());
                 units::note_collector_append(Some(key), &item);
                 Ok(Value::from(""))
@@ -389,6 +391,7 @@ impl Object for Shared {
             "extend" => {
                 let (key, items): (&str, Value) = from_args(args)?;
                 for item in items.try_iter()? {
+                    let item = compact(&item);
                     self.append_value(key, item.clone());
                     units::note_collector_append(Some(key), &item);
                 }
@@ -439,6 +442,68 @@ impl Collector {
     }
 }
 
+/// A template map (`{"map": …, "key": …}`) as kept in `shared` and collectors: a sorted row of
+/// entries instead of a B-tree node sized for eleven. Renders keep tens of thousands of them
+/// (one per route and backend) in their state and in the render cache; they behave as the
+/// maps they came from (same keys, order, lookups, equality and JSON).
+#[derive(Debug)]
+pub(super) struct CompactMap(Box<[(Value, Value)]>);
+
+impl CompactMap {
+    /// Whether a collector (mutable) is among its values, at any depth.
+    pub(super) fn holds_collector(&self) -> bool {
+        fn holds(v: &Value) -> bool {
+            if v.downcast_object_ref::<Collector>().is_some() {
+                return true;
+            }
+            if let Some(m) = v.downcast_object_ref::<CompactMap>() {
+                return m.holds_collector();
+            }
+            v.downcast_object_ref::<Vec<Value>>()
+                .is_some_and(|items| items.iter().any(holds))
+        }
+        self.0.iter().any(|(_, v)| holds(v))
+    }
+}
+
+impl Object for CompactMap {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let i = self.0.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+        Some(self.0[i].1.clone())
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.0.iter().map(|(k, _)| k.clone()).collect())
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.0.len())
+    }
+}
+
+/// `value` with its template maps (and those inside lists and maps) as [`CompactMap`]s;
+/// anything else as it is.
+pub(super) fn compact(value: &Value) -> Value {
+    if let Some(map) = value.downcast_object_ref::<std::collections::BTreeMap<Value, Value>>() {
+        let entries: Box<[(Value, Value)]> =
+            map.iter().map(|(k, v)| (k.clone(), compact(v))).collect();
+        return Value::from_object(CompactMap(entries));
+    }
+    if let Some(items) = value.downcast_object_ref::<Vec<Value>>() {
+        if items
+            .iter()
+            .any(|i| i.downcast_object_ref::<std::collections::BTreeMap<Value, Value>>().is_some())
+        {
+            return Value::from(items.iter().map(compact).collect::<Vec<_>>());
+        }
+    }
+    value.clone()
+}
+
 impl Object for Collector {
     fn repr(self: &Arc<Self>) -> ObjectRepr {
         ObjectRepr::Seq
@@ -468,6 +533,7 @@ impl Object for Collector {
         match method {
             "append" => {
                 let (item,): (Value,) = from_args(args)?;
+                let item = compact(&item);
                 units::note_collector_append(self.shared_key.as_deref(), &item);
                 self.push(item);
                 Ok(Value::from(""))
@@ -475,6 +541,7 @@ impl Object for Collector {
             "extend" => {
                 let (items,): (Value,) = from_args(args)?;
                 for item in items.try_iter()? {
+                    let item = compact(&item);
                     units::note_collector_append(self.shared_key.as_deref(), &item);
                     self.push(item);
                 }
@@ -495,7 +562,8 @@ pub struct StatusUpdate {
     pub kind: String,
     pub namespace: String,
     pub name: String,
-    pub status: serde_json::Value,
+    /// Shared: objects given the same status (every Ingress's load-balancer addresses) hold one.
+    pub status: Arc<serde_json::Value>,
 }
 
 /// (apiVersion, kind, namespace, name)
@@ -504,7 +572,9 @@ pub(crate) type StatusKey = (String, String, String, String);
 /// `status`: collects desired statuses; the last `set` for an object wins.
 #[derive(Debug, Default)]
 pub(crate) struct StatusCollector {
-    updates: Mutex<HashMap<StatusKey, serde_json::Value>>,
+    updates: Mutex<HashMap<StatusKey, Arc<serde_json::Value>>>,
+    /// The last status set, reused when the next one is equal.
+    last: Mutex<Option<Arc<serde_json::Value>>>,
 }
 
 impl StatusCollector {
@@ -531,12 +601,25 @@ impl StatusCollector {
     pub(super) fn set_status(
         &self,
         key: StatusKey,
-        status: serde_json::Value,
-    ) -> Option<serde_json::Value> {
+        status: Arc<serde_json::Value>,
+    ) -> Option<Arc<serde_json::Value>> {
         lock(&self.updates).insert(key, status)
     }
 
-    pub(super) fn restore(&self, key: StatusKey, old: Option<serde_json::Value>) {
+    /// `status` as an `Arc`, the one of the last status set when they are equal.
+    fn shared(&self, status: serde_json::Value) -> Arc<serde_json::Value> {
+        let mut last = lock(&self.last);
+        match &*last {
+            Some(l) if **l == status => l.clone(),
+            _ => {
+                let status = Arc::new(status);
+                *last = Some(status.clone());
+                status
+            }
+        }
+    }
+
+    pub(super) fn restore(&self, key: StatusKey, old: Option<Arc<serde_json::Value>>) {
         let mut updates = lock(&self.updates);
         match old {
             Some(v) => {
@@ -578,6 +661,7 @@ impl Object for StatusCollector {
                     namespace.into(),
                     name.into(),
                 );
+                let status = self.shared(status);
                 let old = self.set_status(key.clone(), status.clone());
                 units::note_effect(
                     units::Effect::Status(key.clone(), status),

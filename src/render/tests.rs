@@ -265,7 +265,7 @@ fn status_set_is_collected() {
     assert_eq!(out.haproxy_cfg, "ok\n");
     assert_eq!(out.statuses.len(), 1);
     assert_eq!(
-        out.statuses[0].status,
+        *out.statuses[0].status,
         json!({"loadBalancer": {"ingress": [{"ip": "10.0.0.1"}]}})
     );
 }

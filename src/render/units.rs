@@ -193,7 +193,7 @@ pub enum Effect {
     SharedSet(String, Value),
     SharedAppend(String, Value),
     Seen(String),
-    Status(super::context::StatusKey, serde_json::Value),
+    Status(super::context::StatusKey, Arc<serde_json::Value>),
     File(FileKind, String, String),
 }
 
@@ -203,7 +203,7 @@ pub enum Undo {
     SharedSet(String, Option<Value>),
     SharedAppend(String),
     Seen(String),
-    Status(super::context::StatusKey, Option<serde_json::Value>),
+    Status(super::context::StatusKey, Option<Arc<serde_json::Value>>),
     File(String),
     Nothing,
 }
@@ -576,6 +576,12 @@ fn freeze(v: &Value) -> Value {
             }
         }
         ValueKind::Map if v.downcast_object_ref::<JsonNode>().is_none() => {
+            if let Some(m) = v.downcast_object_ref::<super::context::CompactMap>() {
+                // Immutable already, unless it holds a collector somewhere.
+                if !m.holds_collector() {
+                    return v.clone();
+                }
+            }
             let Ok(keys) = v.try_iter() else {
                 return v.clone();
             };
@@ -584,7 +590,7 @@ fn freeze(v: &Value) -> Value {
                 let item = v.get_item(&k).unwrap_or_default();
                 map.insert(k, freeze(&item));
             }
-            Value::from(map)
+            super::context::compact(&Value::from(map))
         }
         _ => v.clone(),
     }
@@ -942,7 +948,11 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
         rec, undo: undos, ..
     } = FRAMES.with(|f| f.borrow_mut().pop()).unwrap_or_default();
     let outcome = match result {
-        Ok(text) => Ok(text),
+        // Kept in the cache for the life of the unit: without the render buffer's slack.
+        Ok(mut text) => {
+            text.shrink_to_fit();
+            Ok(text)
+        }
         Err(err) if is_unit_fault(&err) => {
             let e = super::RenderError::from_minijinja(template, &err, super::DEFAULT_FUEL);
             Err(if e.from_fail || e.line.is_none() {

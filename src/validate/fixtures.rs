@@ -24,16 +24,62 @@ pub fn build_stores(
     spec: &Spec,
     mut fixtures: Placement,
 ) -> (BTreeMap<String, Arc<Store>>, Vec<String>) {
-    let mut stores = BTreeMap::new();
-    let mut skipped = Vec::new();
-    for (name, resource) in &spec.watched_resources {
-        let mut store = Store::for_resource(resource);
-        let filter = ObjectFilter::for_resource(spec, resource);
-        let labels = resource
-            .label_selector
-            .as_deref()
-            .and_then(|s| LabelSelector::parse(s).ok());
-        for mut object in fixtures.remove(name).into_iter().flatten() {
+    let mut builder = StoreBuilder::new(spec);
+    for name in spec.watched_resources.keys() {
+        for object in fixtures.remove(name).into_iter().flatten() {
+            builder.add(name, object);
+        }
+    }
+    for object in fixtures.remove(HAPROXY_PODS).into_iter().flatten() {
+        builder.add(HAPROXY_PODS, object);
+    }
+    builder.finish()
+}
+
+/// Stores filled one object at a time, each kept compact as soon as it is added.
+struct StoreBuilder<'s> {
+    spec: &'s Spec,
+    stores: BTreeMap<String, Store>,
+    filters: BTreeMap<String, (ObjectFilter, Option<LabelSelector>)>,
+    skipped: Vec<String>,
+}
+
+impl<'s> StoreBuilder<'s> {
+    fn new(spec: &'s Spec) -> StoreBuilder<'s> {
+        let mut stores = BTreeMap::new();
+        let mut filters = BTreeMap::new();
+        for (name, resource) in &spec.watched_resources {
+            stores.insert(name.clone(), Store::for_resource(resource));
+            let labels = resource
+                .label_selector
+                .as_deref()
+                .and_then(|s| LabelSelector::parse(s).ok());
+            filters.insert(
+                name.clone(),
+                (ObjectFilter::for_resource(spec, resource), labels),
+            );
+        }
+        stores.insert(
+            HAPROXY_PODS.to_string(),
+            Store::new(crate::render::pod_index()),
+        );
+        StoreBuilder {
+            spec,
+            stores,
+            filters,
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Adds an object to the store `name` (a watched resource or `haproxy-pods`).
+    fn add(&mut self, name: &str, mut object: Value) {
+        let Some(store) = self.stores.get_mut(name) else {
+            return;
+        };
+        if let (Some(resource), Some((filter, labels))) = (
+            self.spec.watched_resources.get(name),
+            self.filters.get(name),
+        ) {
             if let Some(map) = object.as_object_mut() {
                 map.entry("apiVersion")
                     .or_insert_with(|| Value::from(resource.api_version.clone()));
@@ -41,25 +87,26 @@ pub fn build_stores(
                     .or_insert_with(|| Value::from(kind_of(&resource.resources)));
             }
             if labels.as_ref().is_some_and(|l| !l.matches(&object)) {
-                continue;
+                return;
             }
-            let Some(object) = filter.prepare(object) else {
-                continue;
+            let Some(prepared) = filter.prepare(object) else {
+                return;
             };
-            if let Err(e) = store.upsert_value(&object) {
-                skipped.push(format!("{name}: {e}"));
-            }
+            object = prepared;
         }
-        stores.insert(name.clone(), Arc::new(store));
-    }
-    let mut pods = Store::new(crate::render::pod_index());
-    for object in fixtures.remove(HAPROXY_PODS).into_iter().flatten() {
-        if let Err(e) = pods.upsert_value(&object) {
-            skipped.push(format!("{HAPROXY_PODS}: {e}"));
+        if let Err(e) = store.upsert_value(&object) {
+            self.skipped.push(format!("{name}: {e}"));
         }
     }
-    stores.insert(HAPROXY_PODS.to_string(), Arc::new(pods));
-    (stores, skipped)
+
+    fn finish(self) -> (BTreeMap<String, Arc<Store>>, Vec<String>) {
+        let stores = self
+            .stores
+            .into_iter()
+            .map(|(name, store)| (name, Arc::new(store)))
+            .collect();
+        (stores, self.skipped)
+    }
 }
 
 /// Places manifest objects under the watched resource whose apiVersion and plural resource
@@ -136,7 +183,11 @@ pub fn place_manifests(spec: &Spec, objects: Vec<Value>) -> (Placement, Vec<Stri
 
 /// Reads YAML documents from a file, or from every `.yaml`/`.yml`/`.json` file of a directory
 /// (sorted by name).
-pub fn read_documents(path: &Path) -> Result<Vec<(String, Value)>, String> {
+/// Each document is handed to `each` (with its file name) as it is parsed.
+pub fn read_documents(
+    path: &Path,
+    each: &mut dyn FnMut(&str, Value) -> Result<(), String>,
+) -> Result<(), String> {
     let mut files = Vec::new();
     if path.is_dir() {
         let entries = std::fs::read_dir(path)
@@ -156,7 +207,6 @@ pub fn read_documents(path: &Path) -> Result<Vec<(String, Value)>, String> {
     } else {
         files.push(path.to_path_buf());
     }
-    let mut docs = Vec::new();
     for file in files {
         let text =
             std::fs::read_to_string(&file).map_err(|e| format!("read {}: {e}", file.display()))?;
@@ -165,53 +215,70 @@ pub fn read_documents(path: &Path) -> Result<Vec<(String, Value)>, String> {
             let value = Value::deserialize(doc)
                 .map_err(|e| format!("{} document {}: {e}", file.display(), i + 1))?;
             if !value.is_null() {
-                docs.push((file.display().to_string(), value));
+                each(&file.display().to_string(), value)?;
             }
         }
     }
-    Ok(docs)
+    Ok(())
 }
 
 /// Loads `--fixtures` inputs: manifest files/directories, or a file in the validation-test
 /// layout (`fixtures: {resourceName: [objects]}`, or that mapping bare).
-pub fn load_fixture_inputs(
+/// Each document goes into its store as it is read, so the objects are never all held as
+/// parsed JSON at once. Returns the stores, warnings (objects no watched resource takes) and
+/// the objects that could not be stored.
+pub fn load_fixture_stores(
     spec: &Spec,
     paths: &[impl AsRef<Path>],
-) -> Result<(Placement, Vec<String>), String> {
-    let mut placed: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+) -> Result<(BTreeMap<String, Arc<Store>>, Vec<String>, Vec<String>), String> {
+    let mut builder = StoreBuilder::new(spec);
     let mut warnings = Vec::new();
-    let mut manifests = Vec::new();
     for path in paths {
-        for (source, doc) in read_documents(path.as_ref())? {
-            if doc.get("kind").is_some() || doc.get("apiVersion").is_some() {
-                manifests.push(doc);
-                continue;
-            }
-            let layout = doc.get("fixtures").cloned().unwrap_or(doc);
-            let Value::Object(map) = layout else {
-                return Err(format!(
-                    "{source}: expected Kubernetes manifests or a `fixtures:` mapping"
-                ));
-            };
-            for (name, objects) in map {
-                if name != HAPROXY_PODS && !spec.watched_resources.contains_key(&name) {
-                    return Err(format!(
-                        "{source}: fixtures.{name} is not a watched resource"
-                    ));
+        read_documents(path.as_ref(), &mut |source, doc| {
+            let (placed, more_warnings) = place_document(spec, source, doc)?;
+            warnings.extend(more_warnings);
+            for (name, objects) in placed {
+                for object in objects {
+                    builder.add(&name, object);
                 }
-                let Value::Array(objects) = objects else {
-                    return Err(format!(
-                        "{source}: fixtures.{name} must be a list of objects"
-                    ));
-                };
-                placed.entry(name).or_default().extend(objects);
             }
+            Ok(())
+        })?;
+    }
+    let (stores, skipped) = builder.finish();
+    Ok((stores, warnings, skipped))
+}
+
+/// Where one `--fixtures` document's objects go: a manifest (or List) by its apiVersion and
+/// kind, or a mapping in the validation-test layout (`fixtures: {resourceName: [objects]}`,
+/// or that mapping bare).
+fn place_document(
+    spec: &Spec,
+    source: &str,
+    doc: Value,
+) -> Result<(Placement, Vec<String>), String> {
+    if doc.get("kind").is_some() || doc.get("apiVersion").is_some() {
+        return Ok(place_manifests(spec, vec![doc]));
+    }
+    let mut placed: Placement = BTreeMap::new();
+    let layout = doc.get("fixtures").cloned().unwrap_or(doc);
+    let Value::Object(map) = layout else {
+        return Err(format!(
+            "{source}: expected Kubernetes manifests or a `fixtures:` mapping"
+        ));
+    };
+    for (name, objects) in map {
+        if name != HAPROXY_PODS && !spec.watched_resources.contains_key(&name) {
+            return Err(format!(
+                "{source}: fixtures.{name} is not a watched resource"
+            ));
         }
+        let Value::Array(objects) = objects else {
+            return Err(format!(
+                "{source}: fixtures.{name} must be a list of objects"
+            ));
+        };
+        placed.entry(name).or_default().extend(objects);
     }
-    let (more, more_warnings) = place_manifests(spec, manifests);
-    for (k, v) in more {
-        placed.entry(k).or_default().extend(v);
-    }
-    warnings.extend(more_warnings);
-    Ok((placed, warnings))
+    Ok((placed, Vec::new()))
 }
