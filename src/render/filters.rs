@@ -333,14 +333,26 @@ pub(crate) fn register(env: &mut Environment<'static>, snippet_names: Arc<[Strin
     env.add_function("collector", || {
         Value::from_object(super::context::Collector::default())
     });
+    // The names are fixed for the engine's life and units ask for the same few patterns
+    // thousands of times per render: each pattern is matched once.
+    let matched = std::sync::Mutex::new(std::collections::HashMap::<String, Value>::new());
     env.add_function("snippets", move |pattern: &str| -> Value {
+        let mut matched = crate::lock(&matched);
+        if let Some(names) = matched.get(pattern) {
+            return names.clone();
+        }
         // Names are kept sorted, so matches come out in the order hooks rely on.
-        Value::from(
+        let names = Value::from(
             snippet_names
                 .iter()
                 .filter(|n| glob_match(pattern, n))
                 .map(|n| Value::from(n.as_str()))
                 .collect::<Vec<_>>(),
-        )
+        );
+        // Bounded: a template could build patterns from data.
+        if matched.len() < 256 {
+            matched.insert(pattern.to_string(), names.clone());
+        }
+        names
     });
 }
