@@ -523,6 +523,50 @@ fn duration(value: Value, field: Option<&str>, max: Option<&str>) -> Result<Valu
     })
 }
 
+/// `gateway_duration(value, field?)`: a Gateway API duration (GEP-2257: one to four parts of
+/// 1 to 5 digits and a unit `h`, `m`, `s` or `ms`, such as `1m30s`) in milliseconds, at most
+/// 24 hours. `0s` is 0.
+fn gateway_duration(value: Value, field: Option<&str>) -> Result<Value, Error> {
+    typed(field, || {
+        let s = text(&value)?;
+        let expected = "a duration such as 500ms, 10s or 1m30s (GEP-2257)";
+        let bad = || format!("{} is not {expected}", q(&s));
+        let (mut rest, mut ms, mut parts) = (&s[..], 0u64, 0);
+        while !rest.is_empty() {
+            let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+            if digits == 0 || digits > 5 {
+                return Err(bad());
+            }
+            let n: u64 = rest[..digits].parse().map_err(|_| bad())?;
+            rest = &rest[digits..];
+            let unit = if let Some(r) = rest.strip_prefix("ms") {
+                rest = r;
+                1
+            } else if let Some(r) = rest.strip_prefix('h') {
+                rest = r;
+                3_600_000
+            } else if let Some(r) = rest.strip_prefix('m') {
+                rest = r;
+                60_000
+            } else if let Some(r) = rest.strip_prefix('s') {
+                rest = r;
+                1_000
+            } else {
+                return Err(bad());
+            };
+            ms += n * unit;
+            parts += 1;
+        }
+        if parts == 0 || parts > 4 {
+            return Err(bad());
+        }
+        if ms > 86_400_000 {
+            return Err(format!("{} is longer than the maximum of 24h", q(&s)));
+        }
+        Ok(ms.to_string())
+    })
+}
+
 /// `int_range(value, min, max, field?)`: an integer within `[min, max]`, in decimal.
 fn int_range(value: Value, min: i64, max: i64, field: Option<&str>) -> Result<Value, Error> {
     typed(field, || {
@@ -731,6 +775,7 @@ pub(crate) fn register(env: &mut Environment<'static>) {
         http_path,
         hregex,
         duration,
+        gateway_duration,
         int_range
     );
     both!(cidr_list, word, one_of, map_key, pem);
@@ -947,6 +992,23 @@ mod tests {
         assert!(no(hregex(Value::from("a(?=b)"), F)).contains("look-around"));
         assert!(no(hregex(Value::from(r"[[a]x)|.*|(?:y]"), F)).contains("inside a character class"));
         no(hregex(Value::from("a".repeat(1025)), F));
+    }
+
+    #[test]
+    fn gateway_durations() {
+        let good = [
+            ("500ms", "500"),
+            ("1m30s", "90000"),
+            ("1h2m3s4ms", "3723004"),
+            ("0s", "0"),
+            ("24h", "86400000"),
+        ];
+        let bad = [
+            "10", "1.5s", "1d", "100000s", "1h1m1s1ms1h", "-1s", "1s ", "5s\nx", "25h", "1S",
+        ];
+        table(|v| gateway_duration(v, F), &good, &[HOSTILE, &bad].concat());
+        assert!(no(gateway_duration(Value::from("25h"), F))
+            .ends_with("is longer than the maximum of 24h"));
     }
 
     #[test]

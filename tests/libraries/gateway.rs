@@ -363,3 +363,45 @@ fn gateway_route_status_keeps_other_controllers_entries() {
     );
     assert_eq!(parents[1]["parentRef"]["name"], "gw");
 }
+
+#[test]
+fn gateway_route_timeouts_answer_504_from_slow_backends() {
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(GATEWAYS);
+    m.push_str(&route(
+        "default",
+        "timeouts",
+        "2024-01-01T00:00:00Z",
+        r#"  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [timeouts.test]
+  rules:
+    - matches: [{path: {type: PathPrefix, value: /backend}}]
+      timeouts: {request: 10s, backendRequest: 500ms}
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /request}}]
+      timeouts: {request: 1s}
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /disabled}}]
+      timeouts: {request: 0s}
+      backendRefs: [{name: web, port: 80}]
+    - backendRefs: [{name: web, port: 80}]
+"#,
+    ));
+    let s = Scenario::start("gateway-timeouts", &m, &[]);
+    let p = &s.proxy;
+    let slow = |path: &str, ms: u32| {
+        let delay = format!("X-Echo-Delay-Ms: {ms}");
+        p.http_with("timeouts.test", path, &["-H", &delay]).status
+    };
+    // backendRequest: a backend slower than 500 ms gets 504; a fast one answers.
+    assert_eq!(slow("/backend", 1500), 504);
+    assert_eq!(slow("/backend", 0), 200);
+    // request alone bounds the backend's answer too.
+    assert_eq!(slow("/request", 2000), 504);
+    assert_eq!(slow("/request", 100), 200);
+    // 0s disables the timeout (24 hours), and a rule without timeouts keeps HAProxy's own:
+    // neither cuts a 1.5 s answer, although both share the backend of the rules above.
+    assert_eq!(slow("/disabled", 1500), 200);
+    assert_eq!(slow("/", 1500), 200);
+}

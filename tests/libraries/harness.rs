@@ -77,6 +77,8 @@ fn echo_connection(conn: TcpStream, name: &str) {
         let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
         let mut body = format!("backend={name}\nmethod={method}\npath={target}\n");
         let mut content_length = 0usize;
+        // `X-Echo-Delay-Ms: N` makes the backend answer N ms late (at most 5 s): a slow backend.
+        let mut delay_ms = 0u64;
         loop {
             let mut line = String::new();
             if reader.read_line(&mut line).unwrap_or(0) == 0 {
@@ -91,6 +93,9 @@ fn echo_connection(conn: TcpStream, name: &str) {
                 if k == "content-length" {
                     content_length = v.parse().unwrap_or(0);
                 }
+                if k == "x-echo-delay-ms" {
+                    delay_ms = v.parse::<u64>().unwrap_or(0).min(5000);
+                }
                 if k == "host" {
                     body.push_str(&format!("host={v}\n"));
                 }
@@ -99,6 +104,7 @@ fn echo_connection(conn: TcpStream, name: &str) {
         }
         let mut discard = vec![0u8; content_length.min(1 << 20)];
         let _ = reader.read_exact(&mut discard);
+        std::thread::sleep(Duration::from_millis(delay_ms));
         let response = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Echo-Backend: {name}\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
