@@ -69,8 +69,9 @@ fn main() {
             .status()
             .expect("python3");
         assert!(status.success(), "bench-objects.py failed");
-        let (stores, _, skipped) =
+        let loaded =
             load_fixture_stores(&spec, &[objects.display().to_string()]).expect("fixtures");
+        let (stores, skipped) = (loaded.stores, loaded.skipped);
         assert!(skipped.is_empty(), "{skipped:?}");
         let raw_json: usize = stores
             .values()

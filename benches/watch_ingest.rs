@@ -204,7 +204,12 @@ fn main() {
     // on one thread (RSS).
     let doc_bytes: usize = stores
         .iter()
-        .flat_map(|s| snapshot(s).list().map(|d| d.heap_bytes()).collect::<Vec<_>>())
+        .flat_map(|s| {
+            snapshot(s)
+                .list()
+                .map(|d| d.heap_bytes())
+                .collect::<Vec<_>>()
+        })
         .sum();
     // The objects as the API server serves them (with the metadata it adds) are larger than
     // the ones the benchmark wrote: their JSON as stored, for comparison.

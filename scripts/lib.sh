@@ -36,3 +36,19 @@ wait_for_port() {
     sleep 0.05
   done
 }
+
+# The tests' Python packages, in .venv/ (created or completed on first use; a lock keeps two
+# runs at once from installing into it together): the Helm SDK and kubernetes-validate for the
+# chart tests, grpcio for the GRPCRoute traffic test.
+ensure_venv() {
+  # Debian splits venv's pip bootstrap into python3-venv.
+  python3 -c 'import ensurepip' 2>/dev/null || { as_root apt-get update -qq; as_root apt-get install -y -qq python3-venv >/dev/null; }
+  (
+    flock 9
+    if ! .venv/bin/python -c 'import helm_python, kubernetes_validate, yaml, jsonschema, grpc' 2>/dev/null; then
+      echo "==> preparing .venv (helm-python-sdk, kubernetes-validate, pyyaml, grpcio)"
+      [ -x .venv/bin/python ] || python3 -m venv .venv
+      .venv/bin/pip install -q helm-python-sdk kubernetes-validate pyyaml grpcio
+    fi
+  ) 9>.venv.lock
+}

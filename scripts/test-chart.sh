@@ -11,13 +11,7 @@ cd "$(dirname "$0")/.."
 
 . scripts/lib.sh
 venv=.venv
-# Debian splits venv's pip bootstrap into python3-venv.
-python3 -c 'import ensurepip' 2>/dev/null || { as_root apt-get update -qq; as_root apt-get install -y -qq python3-venv >/dev/null; }
-if ! "$venv/bin/python" -c 'import helm_python, kubernetes_validate, yaml, jsonschema' 2>/dev/null; then
-  echo "==> creating $venv (helm-python-sdk, kubernetes-validate, pyyaml)"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install -q helm-python-sdk kubernetes-validate pyyaml
-fi
+ensure_venv
 
 target_dir=${CARGO_TARGET_DIR:-target}
 echo "==> scripts/build-static.sh"

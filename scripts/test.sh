@@ -14,6 +14,8 @@ cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
 echo "==> cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# Python packages some tests use (grpcio for the GRPCRoute traffic test), in .venv/.
+ensure_venv
 echo "==> cargo test --workspace"
 cargo test --workspace
 echo "==> chart and static binaries"

@@ -8,7 +8,7 @@ use super::args::{opt, parse, switch, usage, Spec};
 use super::{haproxy_bin, CommandResult};
 use crate::render::current_config::CurrentConfig;
 use crate::render::{Engine, RenderCache, RenderInputs};
-use crate::validate::fixtures::load_fixture_stores;
+use crate::validate::fixtures::{load_fixture_stores, FixtureStores};
 use crate::validate::haproxy::{check_bundle, write_bundle};
 use crate::validate::isolate::{render_validated, Failure};
 
@@ -95,7 +95,11 @@ pub(super) fn run(args: &[String]) -> CommandResult {
     let engine = Engine::new(&spec).map_err(|e| format!("{sources}: {e}"))?;
 
     let load_started = std::time::Instant::now();
-    let (stores, warnings, skipped) = load_fixture_stores(&spec, &parsed.all("fixtures"))?;
+    let FixtureStores {
+        stores,
+        warnings,
+        skipped,
+    } = load_fixture_stores(&spec, &parsed.all("fixtures"))?;
     for warning in warnings {
         eprintln!("warning: {warning}");
     }

@@ -139,7 +139,7 @@ struct Written {
     /// Per object: the status the templates asked for, and what was written (with times).
     /// (desired, as written with its condition timestamps): the same `Arc` when no condition
     /// was stamped, so that equal statuses of thousands of objects stay one value.
-    templates: BTreeMap<(String, String, String, String), (Arc<Value>, Arc<Value>)>,
+    templates: BTreeMap<crate::render::context::StatusKey, (Arc<Value>, Arc<Value>)>,
     last_error_event: Option<String>,
     refused_pods: std::collections::BTreeSet<String>,
     haproxycfg_unavailable: bool,

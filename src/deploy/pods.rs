@@ -2,7 +2,6 @@
 //! A pod qualifies when it is Running, has an IP, is not terminating, and its agent container is
 //! ready; it is then admitted once its agent answers `GET /v1/state`.
 
-
 use crate::store::{Doc, NodeRef, Store};
 
 /// The container whose readiness gates a pod (the agent sidecar).

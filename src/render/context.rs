@@ -494,10 +494,10 @@ pub(super) fn compact(value: &Value) -> Value {
         return Value::from_object(CompactMap(entries));
     }
     if let Some(items) = value.downcast_object_ref::<Vec<Value>>() {
-        if items
-            .iter()
-            .any(|i| i.downcast_object_ref::<std::collections::BTreeMap<Value, Value>>().is_some())
-        {
+        if items.iter().any(|i| {
+            i.downcast_object_ref::<std::collections::BTreeMap<Value, Value>>()
+                .is_some()
+        }) {
             return Value::from(items.iter().map(compact).collect::<Vec<_>>());
         }
     }

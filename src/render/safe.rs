@@ -1004,7 +1004,16 @@ mod tests {
             ("24h", "86400000"),
         ];
         let bad = [
-            "10", "1.5s", "1d", "100000s", "1h1m1s1ms1h", "-1s", "1s ", "5s\nx", "25h", "1S",
+            "10",
+            "1.5s",
+            "1d",
+            "100000s",
+            "1h1m1s1ms1h",
+            "-1s",
+            "1s ",
+            "5s\nx",
+            "25h",
+            "1S",
         ];
         table(|v| gateway_duration(v, F), &good, &[HOSTILE, &bad].concat());
         assert!(no(gateway_duration(Value::from("25h"), F))

@@ -248,13 +248,23 @@ impl Endpoints {
                 out.bad_ports += 1;
                 continue;
             };
-            let endpoints = slice.get("endpoints").map(NodeRef::items).into_iter().flatten();
+            let endpoints = slice
+                .get("endpoints")
+                .map(NodeRef::items)
+                .into_iter()
+                .flatten();
             for ep in endpoints {
-                let ready = ep.pointer(&["conditions", "ready"]).and_then(NodeRef::as_bool);
+                let ready = ep
+                    .pointer(&["conditions", "ready"])
+                    .and_then(NodeRef::as_bool);
                 if ready == Some(false) {
                     continue;
                 }
-                let addresses = ep.get("addresses").map(NodeRef::items).into_iter().flatten();
+                let addresses = ep
+                    .get("addresses")
+                    .map(NodeRef::items)
+                    .into_iter()
+                    .flatten();
                 for addr in addresses {
                     out.add(addr, port, refuse);
                 }

@@ -614,13 +614,17 @@ mod tests {
 
     #[test]
     fn wide_containers_are_indexed_and_small_ones_are_not() {
-        let wide: serde_json::Map<String, Value> =
-            (0..100).map(|i| (format!("key-{i:03}"), json!(i))).collect();
+        let wide: serde_json::Map<String, Value> = (0..100)
+            .map(|i| (format!("key-{i:03}"), json!(i)))
+            .collect();
         let v = json!({"wide": wide, "list": (0..100).collect::<Vec<_>>(), "small": {"a": 1}});
         let d = doc(&v);
         assert_eq!(d.wide.len(), 2);
         let root = d.root();
-        assert_eq!(root.pointer(&["wide", "key-057"]).unwrap().as_i64(), Some(57));
+        assert_eq!(
+            root.pointer(&["wide", "key-057"]).unwrap().as_i64(),
+            Some(57)
+        );
         assert_eq!(root.get("list").unwrap().at(99).unwrap().as_i64(), Some(99));
         assert_eq!(root.get("list").unwrap().len(), 100);
         assert_eq!(root.pointer(&["small", "a"]).unwrap().as_i64(), Some(1));

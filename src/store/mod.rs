@@ -18,8 +18,8 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::config::model::WatchedResource;
-pub use doc::{Doc, NodeRef};
 use crate::config::Spec;
+pub use doc::{Doc, NodeRef};
 use path::PathExpr;
 use selector::FieldSelector;
 
@@ -340,9 +340,8 @@ impl Store {
             return Ok(found.map(|(_, o)| o.clone()).collect());
         }
         // Prefix matches span several composite keys; restore namespace/name order.
-        let mut found: Vec<(ObjectKey, &Arc<Doc>)> = found
-            .filter_map(|(_, o)| Some((doc_key(o)?, o)))
-            .collect();
+        let mut found: Vec<(ObjectKey, &Arc<Doc>)> =
+            found.filter_map(|(_, o)| Some((doc_key(o)?, o))).collect();
         found.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(found.into_iter().map(|(_, o)| o.clone()).collect())
     }
@@ -541,7 +540,10 @@ mod tests {
         s.upsert(slice("ns", "s1", "b")).unwrap();
         assert_eq!(s.changed_since(before, &k(&["ns", "a\0b"])), Some(true));
         assert_eq!(s.changed_since(before, &k(&["ns", "a"])), Some(false));
-        assert_eq!(names(&s.fetch(&k(&["ns", "b"])).unwrap()), ["ns/s1", "ns/s6"]);
+        assert_eq!(
+            names(&s.fetch(&k(&["ns", "b"])).unwrap()),
+            ["ns/s1", "ns/s6"]
+        );
     }
 
     #[test]

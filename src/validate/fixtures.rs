@@ -224,13 +224,21 @@ pub fn read_documents(
 
 /// Loads `--fixtures` inputs: manifest files/directories, or a file in the validation-test
 /// layout (`fixtures: {resourceName: [objects]}`, or that mapping bare).
+/// Stores loaded from `--fixtures` files.
+pub struct FixtureStores {
+    pub stores: BTreeMap<String, Arc<Store>>,
+    /// Objects no watched resource takes.
+    pub warnings: Vec<String>,
+    /// Objects that could not be stored (no name, no value for an `indexBy` expression).
+    pub skipped: Vec<String>,
+}
+
 /// Each document goes into its store as it is read, so the objects are never all held as
-/// parsed JSON at once. Returns the stores, warnings (objects no watched resource takes) and
-/// the objects that could not be stored.
+/// parsed JSON at once.
 pub fn load_fixture_stores(
     spec: &Spec,
     paths: &[impl AsRef<Path>],
-) -> Result<(BTreeMap<String, Arc<Store>>, Vec<String>, Vec<String>), String> {
+) -> Result<FixtureStores, String> {
     let mut builder = StoreBuilder::new(spec);
     let mut warnings = Vec::new();
     for path in paths {
@@ -246,7 +254,11 @@ pub fn load_fixture_stores(
         })?;
     }
     let (stores, skipped) = builder.finish();
-    Ok((stores, warnings, skipped))
+    Ok(FixtureStores {
+        stores,
+        warnings,
+        skipped,
+    })
 }
 
 /// Where one `--fixtures` document's objects go: a manifest (or List) by its apiVersion and

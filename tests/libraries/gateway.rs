@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::harness::{self, service_yaml, Echo, Scenario};
+use super::harness::{self, service_yaml, service_yaml_port, Echo, Scenario, Tied};
 
 const GATEWAYS: &str = r#"---
 apiVersion: gateway.networking.k8s.io/v1
@@ -404,4 +404,131 @@ fn gateway_route_timeouts_answer_504_from_slow_backends() {
     // neither cuts a 1.5 s answer, although both share the backend of the rules above.
     assert_eq!(slow("/disabled", 1500), 200);
     assert_eq!(slow("/", 1500), 200);
+}
+
+/// The Python used for gRPC (grpcio): `.venv` as `scripts/test.sh` prepares it, or
+/// `HAPTIC_PYTHON`.
+fn grpc_python() -> std::path::PathBuf {
+    let python = std::env::var_os("HAPTIC_PYTHON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| harness::root().join(".venv/bin/python"));
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import grpc"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "{} cannot import grpc: run scripts/test.sh (it installs grpcio into .venv) or set HAPTIC_PYTHON",
+        python.display()
+    );
+    python
+}
+
+/// A gRPC server answering every method with "<name> /<service>/<method> <payload>".
+struct GrpcEcho {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl GrpcEcho {
+    fn start(python: &std::path::Path, name: &str) -> GrpcEcho {
+        use std::io::BufRead;
+        let script = harness::root().join("tests/libraries/grpc_echo.py");
+        let mut child = std::process::Command::new(python)
+            .arg(&script)
+            .args(["server", name])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .tied()
+            .spawn()
+            .expect("start the gRPC echo server");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("gRPC server port");
+        let port = line.trim().parse().expect("a port number");
+        GrpcEcho { child, port }
+    }
+}
+
+impl Drop for GrpcEcho {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn grpc_routes_carry_real_grpc_calls_by_service_and_method() {
+    let python = grpc_python();
+    let greeter = GrpcEcho::start(&python, "greeter");
+    let other = GrpcEcho::start(&python, "other");
+    let mut m = service_yaml_port("default", "greeter", greeter.port);
+    m.push_str(&service_yaml_port("default", "other", other.port));
+    m.push_str(GATEWAYS);
+    m.push_str(
+        r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: grpc, namespace: default, creationTimestamp: "2024-01-01T00:00:00Z", generation: 1}
+spec:
+  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [grpc.test]
+  rules:
+    - matches: [{method: {service: demo.Greeter, method: Hello}}]
+      backendRefs: [{name: greeter, port: 80}]
+    - matches: [{method: {service: demo.Other}}, {method: {type: RegularExpression, method: "Ping[0-9]+"}}]
+      backendRefs: [{name: other, port: 80}]
+    - matches: [{method: {service: demo.Greeter, method: Hdr}, headers: [{name: x-tenant, value: blue}]}]
+      backendRefs: [{name: other, port: 80}]
+"#,
+    );
+    let s = Scenario::start("gateway-grpc", &m, &[]);
+    let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
+    let call_with = |authority: &str, method: &str, metadata: &str| {
+        let out = std::process::Command::new(&python)
+            .arg(harness::root().join("tests/libraries/grpc_echo.py"))
+            .args(["client", &target, authority, method, "hi", metadata])
+            .output()
+            .expect("gRPC client");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let call = |authority: &str, method: &str| call_with(authority, method, "");
+    // HTTP/2 cleartext (prior knowledge) through the HTTP frontend, routed by method.
+    assert_eq!(
+        call("grpc.test", "/demo.Greeter/Hello"),
+        "greeter /demo.Greeter/Hello hi"
+    );
+    assert_eq!(
+        call("grpc.test", "/demo.Other/Anything"),
+        "other /demo.Other/Anything hi"
+    );
+    assert_eq!(
+        call("grpc.test", "/demo.Greeter/Ping42"),
+        "other /demo.Greeter/Ping42 hi",
+        "a regex on the method alone"
+    );
+    // No rule for it, or the wrong host: HAProxy's 404 reaches the client as UNIMPLEMENTED.
+    assert_eq!(
+        call("grpc.test", "/demo.Greeter/Goodbye"),
+        "status UNIMPLEMENTED"
+    );
+    assert_eq!(
+        call("other.test", "/demo.Greeter/Hello"),
+        "status UNIMPLEMENTED"
+    );
+    // A header match on gRPC metadata; without it (or with another value) nothing matches.
+    assert_eq!(
+        call_with("grpc.test", "/demo.Greeter/Hdr", "x-tenant=blue"),
+        "other /demo.Greeter/Hdr hi"
+    );
+    assert_eq!(
+        call_with("grpc.test", "/demo.Greeter/Hdr", "x-tenant=red"),
+        "status UNIMPLEMENTED"
+    );
+    assert_eq!(
+        call("grpc.test", "/demo.Greeter/Hdr"),
+        "status UNIMPLEMENTED"
+    );
 }

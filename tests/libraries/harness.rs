@@ -117,6 +117,11 @@ fn echo_connection(conn: TcpStream, name: &str) {
 
 /// YAML for a Service with one named port and an EndpointSlice pointing at an echo backend.
 pub fn service_yaml(ns: &str, name: &str, echo: &Echo) -> String {
+    service_yaml_port(ns, name, echo.port)
+}
+
+/// [`service_yaml`] for a backend listening on 127.0.0.1:`port`.
+pub fn service_yaml_port(ns: &str, name: &str, port: u16) -> String {
     format!(
         r#"---
 apiVersion: v1
@@ -135,8 +140,7 @@ ports: [{{name: http, port: {port}}}]
 endpoints:
   - addresses: ["127.0.0.1"]
     conditions: {{ready: true}}
-"#,
-        port = echo.port
+"#
     )
 }
 
