@@ -532,3 +532,63 @@ spec:
         "status UNIMPLEMENTED"
     );
 }
+
+#[test]
+fn gateway_listeners_are_isolated_by_hostname() {
+    let names = ["any", "wild", "spec"];
+    let echoes: Vec<Echo> = names.iter().map(|n| Echo::start(n)).collect();
+    let mut m: String = echoes
+        .iter()
+        .map(|e| service_yaml("default", &e.name, e))
+        .collect();
+    m.push_str(
+        r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: haproxy}
+spec: {controllerName: haproxy-haptic.org/controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: iso, namespace: default}
+spec:
+  gatewayClassName: haproxy
+  listeners:
+    - {name: empty, protocol: HTTP, port: 80}
+    - {name: wildcard, protocol: HTTP, port: 80, hostname: "*.iso.test"}
+    - {name: specific, protocol: HTTP, port: 80, hostname: specific.iso.test}
+"#,
+    );
+    for (name, listener, path) in [
+        ("any", "empty", "/"),
+        ("wild", "wildcard", "/only-wild"),
+        ("spec", "specific", "/only-spec"),
+    ] {
+        m.push_str(&route(
+            "default",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: iso, sectionName: {listener}}}]\n  rules: [{{matches: [{{path: {{type: PathPrefix, value: {path}}}}}], backendRefs: [{{name: {name}, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-isolation", &m, &[]);
+    let p = &s.proxy;
+    let to = |host: &str, path: &str| {
+        let r = p.http(host, path);
+        (r.status, r.backend().unwrap_or("").to_string())
+    };
+    // Each listener's own routes answer its hosts.
+    assert_eq!(to("specific.iso.test", "/only-spec"), pair_n(200, "spec"));
+    assert_eq!(to("x.iso.test", "/only-wild"), pair_n(200, "wild"));
+    assert_eq!(to("other.test", "/anything"), pair_n(200, "any"));
+    // A host of a more specific listener never reaches a less specific listener's routes,
+    // even when none of its own routes matches the request.
+    assert_eq!(to("specific.iso.test", "/"), pair_n(404, ""));
+    assert_eq!(to("specific.iso.test", "/only-wild"), pair_n(404, ""));
+    assert_eq!(to("x.iso.test", "/"), pair_n(404, ""));
+    assert_eq!(to("deep.x.iso.test", "/only-spec"), pair_n(404, ""));
+}
+
+fn pair_n(status: u16, backend: &str) -> (u16, String) {
+    (status, backend.to_string())
+}
