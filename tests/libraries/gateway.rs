@@ -592,3 +592,64 @@ spec:
 fn pair_n(status: u16, backend: &str) -> (u16, String) {
     (status, backend.to_string())
 }
+
+#[test]
+fn gateway_https_answers_421_to_requests_for_another_listener() {
+    let dir = harness::TempDir::new("pki-gw-421");
+    let pki = harness::Pki::new(dir.path());
+    let (a, b, w) = (Echo::start("a"), Echo::start("b"), Echo::start("w"));
+    let mut m = service_yaml("default", "a", &a);
+    m.push_str(&service_yaml("default", "b", &b));
+    m.push_str(&service_yaml("default", "w", &w));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    // One certificate for every name, as clients that reuse connections across hosts see it.
+    m.push_str(&pki.secret_yaml(
+        "default",
+        "shared-cert",
+        &["a.tls.test", "b.tls.test", "*.w.tls.test"],
+    ));
+    m.push_str(
+        r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: haproxy}
+spec: {controllerName: haproxy-haptic.org/controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: tls, namespace: default}
+spec:
+  gatewayClassName: haproxy
+  listeners:
+    - {name: a, protocol: HTTPS, port: 443, hostname: a.tls.test, tls: {certificateRefs: [{name: shared-cert}]}}
+    - {name: b, protocol: HTTPS, port: 443, hostname: b.tls.test, tls: {certificateRefs: [{name: shared-cert}]}}
+    - {name: w, protocol: HTTPS, port: 443, hostname: "*.w.tls.test", tls: {certificateRefs: [{name: shared-cert}]}}
+"#,
+    );
+    for name in ["a", "b", "w"] {
+        m.push_str(&route(
+            "default",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: tls, sectionName: {name}}}]\n  rules: [{{backendRefs: [{{name: {name}, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-421", &m, &[]);
+    let p = &s.proxy;
+    let call = |sni: &str, host: &str| {
+        let header = format!("Host: {host}");
+        let r = p.https(sni, "/", &pki.ca, &["-H", &header]);
+        (r.status, r.backend().unwrap_or("").to_string())
+    };
+    assert_eq!(call("a.tls.test", "a.tls.test"), pair_n(200, "a"));
+    assert_eq!(call("b.tls.test", "b.tls.test"), pair_n(200, "b"));
+    // The same wildcard listener for both names: not misdirected.
+    assert_eq!(call("x.w.tls.test", "y.w.tls.test"), pair_n(200, "w"));
+    // The TLS name chose listener a; the Host belongs to listener b, to the wildcard listener,
+    // or to no listener: 421, and the request reaches no backend.
+    assert_eq!(call("a.tls.test", "b.tls.test"), pair_n(421, ""));
+    assert_eq!(call("x.w.tls.test", "a.tls.test"), pair_n(421, ""));
+    assert_eq!(call("a.tls.test", "elsewhere.test"), pair_n(421, ""));
+    // A Host with a port still names its listener.
+    assert_eq!(call("a.tls.test", "a.tls.test:443"), pair_n(200, "a"));
+}
