@@ -653,3 +653,75 @@ spec:
     // A Host with a port still names its listener.
     assert_eq!(call("a.tls.test", "a.tls.test:443"), pair_n(200, "a"));
 }
+
+#[test]
+fn gateway_backend_ref_filters_apply_to_their_backend_only() {
+    let (one, two) = (Echo::start("one"), Echo::start("two"));
+    let mut m = service_yaml("default", "one", &one);
+    m.push_str(&service_yaml("default", "two", &two));
+    m.push_str(GATEWAYS);
+    m.push_str(&route(
+        "default",
+        "befilters",
+        "2024-01-01T00:00:00Z",
+        r#"  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [be.test]
+  rules:
+    - filters:
+        - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-Rule, value: r}]}}
+      backendRefs:
+        - name: one
+          port: 80
+          filters:
+            - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-Be, value: one}], remove: [X-Drop]}}
+            - {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: X-Resp-Be, value: one}]}}
+        - name: two
+          port: 80
+          filters:
+            - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-Be, value: two}]}}
+    - matches: [{path: {type: PathPrefix, value: /mirror}}]
+      backendRefs:
+        - name: one
+          port: 80
+          filters: [{type: RequestMirror, requestMirror: {backendRef: {name: two, port: 80}}}]
+"#,
+    ));
+    let s = Scenario::start("gateway-befilters", &m, &[]);
+    let p = &s.proxy;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let r = p.http_with("be.test", "/", &["-H", "X-Drop: d"]);
+        assert_eq!(r.status, 200);
+        let backend = r.backend().expect("a backend").to_string();
+        assert_eq!(
+            r.echoed("header:x-rule"),
+            Some("r"),
+            "the rule's filter applies to both"
+        );
+        assert_eq!(r.echoed("header:x-be"), Some(backend.as_str()));
+        if backend == "one" {
+            assert_eq!(r.echoed("header:x-drop"), None);
+            assert_eq!(r.header("x-resp-be"), Some("one"));
+        } else {
+            assert_eq!(r.echoed("header:x-drop"), Some("d"));
+            assert_eq!(r.header("x-resp-be"), None);
+        }
+        seen.insert(backend);
+    }
+    assert_eq!(
+        seen.len(),
+        2,
+        "both backends were chosen in 40 requests: {seen:?}"
+    );
+    // A filter kind HAProxy cannot do (mirroring) still makes its rule answer 500, and the
+    // route's status says so.
+    assert_eq!(p.http("be.test", "/mirror").status, 500);
+    let st = status_of(&s.render_output, "HTTPRoute", "default/befilters").expect("status");
+    let conditions = &st["parents"][0]["conditions"];
+    assert_eq!(condition(conditions, "Accepted"), pair("True", "Accepted"));
+    let message = conditions[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("rule 1: backendRef filter RequestMirror is not supported"),
+        "{message}"
+    );
+}
