@@ -168,8 +168,16 @@ pub fn watch_stream(data: &[u8]) {
 pub fn store_paths(data: &[u8]) {
     let p = parts(data, 4);
     let object: Value = serde_json::from_str(&p[3]).unwrap_or(Value::Null);
+    // The compact form stores answers every lookup as the parsed value does.
+    let doc = crate::store::Doc::from_value(&object).expect("a small document fits");
+    assert_eq!(doc.to_value(), object, "a document round-trips");
     if let Ok(path) = PathExpr::parse(&p[0]) {
-        let _ = path.key_of(&object);
+        assert_eq!(
+            path.get_node(doc.root()).map(|n| n.to_value()),
+            path.get(&object).cloned(),
+            "{path} finds the same value in the document"
+        );
+        assert_eq!(path.key_of_node(doc.root()), path.key_of(&object), "{path}");
         let mut copy = object.clone();
         if path.remove(&mut copy) {
             // A removed key is gone; a removed list item leaves its list one shorter.

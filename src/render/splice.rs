@@ -30,8 +30,10 @@ use super::units::{
 };
 use super::{Engine, Paths, RenderInputs, Rendered};
 
-/// At most this many changed units are spliced; more take the full render.
-const MAX_SPLICED: usize = 64;
+/// Changed units are spliced while they are at most this many, or at most a quarter of the
+/// units the outputs call (a burst of endpoint changes in a large cluster); more take the full
+/// render, which replays the rest anyway.
+const MIN_SPLICED: usize = 64;
 
 /// The last render, as splicing needs it.
 pub(crate) struct LastRender {
@@ -322,6 +324,8 @@ impl Engine {
         // or a unit used only in an earlier pass that read something else takes the full
         // render (the same objects must be left out again).
         let mut dirty: Vec<UnitKey> = Vec::new();
+        let calls: usize = last.outputs.iter().map(|o| o.calls.len()).sum();
+        let max_spliced = (calls / 4).max(MIN_SPLICED);
         let mut candidates: Vec<Reader> = Vec::new();
         fn found<'a>(map: &'a HashMap<String, Vec<Reader>>, key: &str) -> &'a [Reader] {
             map.get(key).map(Vec::as_slice).unwrap_or_default()
@@ -365,13 +369,12 @@ impl Engine {
             // A left-out owner's unit changed (it may come back), or a top level: full.
             let call = call.filter(|c| c.at.is_some())?;
             if !dirty.contains(&call.unit) {
-                if dirty.len() == MAX_SPLICED {
+                if dirty.len() == max_spliced {
                     return None;
                 }
                 dirty.push(call.unit.clone());
             }
         }
-        let calls: usize = last.outputs.iter().map(|o| o.calls.len()).sum();
         let mut texts: HashMap<UnitKey, (String, Arc<Recording>)> = HashMap::new();
         for unit in &dirty {
             let text = self.rerender(inputs, paths, cache, unit, last.passes)?;

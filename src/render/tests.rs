@@ -514,6 +514,34 @@ fn a_change_only_units_see_is_spliced_into_the_last_output() {
 }
 
 #[test]
+fn a_burst_of_changes_is_spliced_up_to_a_quarter_of_the_units() {
+    let engine = splice_engine(SPLICE_BACKEND, SPLICE_TOP);
+    let names: Vec<String> = (0..400).map(|i| format!("t{i:03}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mut cluster = Cluster::new(&refs);
+    let mut cache = RenderCache::new();
+    both(&engine, &cluster, &mut cache);
+    // 90 changes at once (more than the 64 always allowed, fewer than 400 / 4): spliced, and
+    // equal to the full render, spans included (checked by `both`).
+    for (i, name) in names.iter().enumerate().step_by(4).take(90) {
+        cluster.set_port(name, json!(20000 + i));
+    }
+    let out = both(&engine, &cluster, &mut cache);
+    assert!(cache.stats.spliced, "{:?}", cache.stats);
+    assert_eq!((cache.stats.rendered, cache.stats.replayed), (90, 310));
+    assert!(out
+        .haproxy_cfg
+        .contains("backend t356\n  server s 127.0.0.1:20356\n"));
+    // 101 changes: past a quarter of the units, the full render (which replays the rest).
+    for (i, name) in names.iter().enumerate().take(101) {
+        cluster.set_port(name, json!(30000 + i));
+    }
+    both(&engine, &cluster, &mut cache);
+    assert!(!cache.stats.spliced, "{:?}", cache.stats);
+    assert_eq!(cache.stats.rendered, 101);
+}
+
+#[test]
 fn a_unit_that_fails_or_acts_differently_takes_the_full_render() {
     // A port above 9000 also announces the thing in `shared`, which the top level prints.
     let backend = "{% set p = resources.ports.get(t.metadata.namespace, t.metadata.name).data.port | int_range(1, 65535, 'data.port') %}\

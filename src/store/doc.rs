@@ -315,6 +315,20 @@ impl<'a> NodeRef<'a> {
         self.number_text()?.parse().ok()
     }
 
+    /// The number as serde_json holds it. Floats are read back with the standard library's
+    /// exact parser: serde_json printed their shortest round-tripping form, and its own
+    /// parser can be one unit in the last place off.
+    fn number(self) -> Option<serde_json::Number> {
+        let text = self.number_text()?;
+        if let Ok(i) = text.parse::<i64>() {
+            return Some(i.into());
+        }
+        if let Ok(u) = text.parse::<u64>() {
+            return Some(u.into());
+        }
+        serde_json::Number::from_f64(text.parse().ok()?)
+    }
+
     /// The node at a path of keys.
     pub fn pointer(self, keys: &[&str]) -> Option<NodeRef<'a>> {
         keys.iter().try_fold(self, |n, k| n.get(k))
@@ -324,11 +338,7 @@ impl<'a> NodeRef<'a> {
         match self.kind() {
             Kind::Null => Value::Null,
             Kind::Bool => Value::Bool(self.node().value == 1),
-            Kind::Number => self
-                .number_text()
-                .and_then(|t| t.parse::<serde_json::Number>().ok())
-                .map(Value::Number)
-                .unwrap_or(Value::Null),
+            Kind::Number => self.number().map(Value::Number).unwrap_or(Value::Null),
             Kind::String => Value::String(self.as_str().unwrap_or_default().to_string()),
             Kind::Array => Value::Array(self.items().map(NodeRef::to_value).collect()),
             Kind::Object => Value::Object(
@@ -368,7 +378,10 @@ impl Serialize for NodeRef<'_> {
         match self.kind() {
             Kind::Null => s.serialize_unit(),
             Kind::Bool => s.serialize_bool(self.node().value == 1),
-            Kind::Number => self.to_value().serialize(s),
+            Kind::Number => match self.number() {
+                Some(n) => n.serialize(s),
+                None => s.serialize_unit(),
+            },
             Kind::String => s.serialize_str(self.as_str().unwrap_or_default()),
             Kind::Array => {
                 let mut seq = s.serialize_seq(None)?;
@@ -609,6 +622,24 @@ mod tests {
             let d = doc(&v);
             same_answers(d.root(), &v);
             assert_eq!(serde_json::to_string(&d).unwrap(), v.to_string());
+        }
+    }
+
+    #[test]
+    fn floats_come_back_exactly() {
+        // Found by fuzzing: serde_json's own float parser is one unit in the last place off
+        // for these.
+        for f in [
+            9.466386628878889e36,
+            6.56688888888889e68,
+            0.1,
+            -0.0,
+            1e-300,
+            f64::MAX,
+        ] {
+            let v = json!({"f": f});
+            assert_eq!(doc(&v).to_value(), v, "{f}");
+            assert_eq!(doc(&v).root().get("f").unwrap().as_f64(), Some(f));
         }
     }
 
