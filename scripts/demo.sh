@@ -80,7 +80,8 @@ for n in 0 1; do
   ip=${pod_ips[$n]}; dir="$work/haproxy-$n"; mkdir -p "$dir/etc"
   printf 'global\n  default-path config\ndefaults\n  mode http\n  timeout client 5s\n  timeout server 5s\n  timeout connect 5s\nfrontend bootstrap\n  bind "${POD_IP}":%s\n  http-request return status 503\n' "$status_port" >"$dir/bootstrap.cfg"
   "$bin/haptic-agent" init --bootstrap "$dir/bootstrap.cfg" --config-dir "$dir/etc" 2>>"$work/agent-$n.log"
-  POD_IP=$ip haproxy -W -db -S "$dir/master.sock" -f "$dir/etc/haproxy.cfg" >"$work/haproxy-$n.log" 2>&1 &
+  # In the pod's own directory, as the chart's workingDir: relative UNIX sockets land there.
+  (cd "$dir" && POD_IP=$ip exec haproxy -W -db -S "$dir/master.sock" -f "$dir/etc/haproxy.cfg") >"$work/haproxy-$n.log" 2>&1 &
   pids+=($!)
   POD_IP=$ip "$bin/haptic-agent" serve --config-dir "$dir/etc" --master-socket "$dir/master.sock" --haproxy-bin haproxy \
     --listen "$ip:$agent_port" --probe-listen "$ip:0" --tls-cert "$work/certs/agent.crt" --tls-key "$work/certs/agent.key" \

@@ -392,6 +392,10 @@ class Manifests(unittest.TestCase):
             ["/usr/local/sbin/haproxy", "-W", "-db", "-S", "/run/haproxy/master.sock", "-f", "/etc/haproxy/haproxy.cfg"],
         )
         self.assertEqual({p["name"]: p["containerPort"] for p in haproxy["ports"]}, {"http": 80, "https": 443, "status": 8404})
+        # Relative UNIX sockets (the TLS-passthrough loopback) are created in the working
+        # directory: it must be a writable mount of the pod's own, as the root is read-only.
+        writable = {m["mountPath"] for m in haproxy["volumeMounts"] if not m.get("readOnly")}
+        self.assertIn(haproxy["workingDir"], writable)
         self.assertEqual(haproxy["livenessProbe"]["httpGet"], {"path": "/healthz", "port": "status"})
         self.assertEqual(haproxy["readinessProbe"]["httpGet"], {"path": "/ready", "port": "status"})
         agent = container(deploy, "agent")

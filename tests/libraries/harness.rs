@@ -212,7 +212,10 @@ pub struct HAProxy {
 impl HAProxy {
     /// Starts HAProxy on a rendered directory and waits until its status port answers.
     pub fn start(dir: &Path, ports: Ports) -> HAProxy {
+        // In its own directory: relative UNIX sockets (the TLS-passthrough loopback) are
+        // created there, as in the pod's working directory, never shared with another test.
         let child = Command::new("haproxy")
+            .current_dir(dir)
             .arg("-db")
             .arg("-f")
             .arg(dir.join("haproxy.cfg"))

@@ -216,7 +216,10 @@ impl HaproxyPod {
     /// restart does (the init step ran once, at pod start).
     pub fn spawn_haproxy(&mut self) {
         let _ = std::fs::remove_file(self.master_socket());
+        // The pod's own working directory, as the chart's workingDir: relative UNIX sockets
+        // (the TLS-passthrough loopback) are per pod.
         let child = Command::new("haproxy")
+            .current_dir(self.cfg_dir())
             .args([
                 "-W",
                 "-db",
