@@ -165,6 +165,18 @@ struct TlsServer(Child);
 
 impl TlsServer {
     fn start(cert: &std::path::Path, key: &std::path::Path, ip: &str, port: u16) -> TlsServer {
+        TlsServer::start_with(cert, key, ip, port, &[])
+    }
+
+    /// With more `openssl s_server` arguments (`-Verify 1 -CAfile …` asks for a client
+    /// certificate).
+    fn start_with(
+        cert: &std::path::Path,
+        key: &std::path::Path,
+        ip: &str,
+        port: u16,
+        extra: &[&str],
+    ) -> TlsServer {
         let child = Command::new("openssl")
             .args(["s_server", "-quiet", "-www", "-accept"])
             .arg(format!("{ip}:{port}"))
@@ -172,6 +184,7 @@ impl TlsServer {
             .arg(cert)
             .arg("-key")
             .arg(key)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -345,4 +358,104 @@ fn haproxytech_rate_limit_denies_past_the_limit_per_source() {
     // Another Ingress's traffic is not counted or limited.
     let statuses: Vec<u16> = (0..5).map(|_| p.http("open.test", "/").status).collect();
     assert_eq!(statuses, [200; 5]);
+}
+
+#[test]
+fn haproxytech_server_ca_and_server_crt_verify_tls_backends() {
+    let dir = harness::TempDir::new("pki-server-ca");
+    let pki = harness::Pki::new(dir.path());
+    let other_dir = harness::TempDir::new("pki-server-ca-other");
+    let other = harness::Pki::new(other_dir.path());
+    let (crt, key) = pki.leaf("backend", &["backend.internal"]);
+    std::fs::write(dir.path().join("backend.pem"), crt).unwrap();
+    std::fs::write(dir.path().join("backend.key.pem"), key).unwrap();
+    let ip = unique_loopback();
+    let (open_port, mtls_port) = (9443, 9444);
+    let _open = TlsServer::start(
+        &dir.path().join("backend.pem"),
+        &dir.path().join("backend.key.pem"),
+        &ip,
+        open_port,
+    );
+    // This one asks for a client certificate from the test CA.
+    let ca_path = pki.ca.display().to_string();
+    let _mtls = TlsServer::start_with(
+        &dir.path().join("backend.pem"),
+        &dir.path().join("backend.key.pem"),
+        &ip,
+        mtls_port,
+        &["-Verify", "1", "-CAfile", &ca_path],
+    );
+    let tls_service = |name: &str, port: u16| {
+        format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n")
+    };
+    let ca_secret = |name: &str, ca: &std::path::Path| {
+        let pem = std::fs::read(ca).expect("CA file");
+        format!(
+            "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: default}}\ndata: {{ca.crt: {}}}\n",
+            harness::base64(&pem)
+        )
+    };
+    let mut m = tls_service("open", open_port);
+    m.push_str(&tls_service("mtls", mtls_port));
+    m.push_str(&ca_secret("ca-good", &pki.ca));
+    m.push_str(&ca_secret("ca-other", &other.ca));
+    m.push_str(&pki.secret_yaml("default", "client", &["client.internal"]));
+    let ing = |name: &str, svc: &str, annotations: &str| {
+        format!("---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: {svc}, port: {{number: 443}}}}}}}}]}}}}]}}\n")
+    };
+    m.push_str(&ing("good", "open", "haproxy.org/server-ca: ca-good"));
+    m.push_str(&ing(
+        "wrongca",
+        "open",
+        "haproxy.org/server-ca: default/ca-other",
+    ));
+    m.push_str(&ing("noverify", "open", "haproxy.org/server-ssl: \"true\""));
+    m.push_str(&ing(
+        "client",
+        "mtls",
+        "haproxy.org/server-ca: ca-good, haproxy.org/server-crt: client",
+    ));
+    m.push_str(&ing("noclient", "mtls", "haproxy.org/server-ca: ca-good"));
+    m.push_str(&ing(
+        "foreign",
+        "open",
+        "haproxy.org/server-ca: other/ca-good",
+    ));
+    m.push_str(&ing("missing", "open", "haproxy.org/server-ca: nope"));
+    let s = Scenario::start("server-ca", &m, &[]);
+    let p = &s.proxy;
+    let get = |host: &str| {
+        let r = p.http(host, "/");
+        (r.status, r.body.contains("s_server"))
+    };
+    // A failed TLS session to the backend: 503, or 502 when the backend refuses the missing
+    // client certificate after a TLS 1.3 handshake HAProxy already took as done.
+    let refused = |host: &str| {
+        let (status, answered) = get(host);
+        assert!(matches!(status, 502 | 503) && !answered, "{host}: {status}");
+    };
+    // The backend's certificate verifies against the Secret's CA: the answer is openssl's page.
+    assert_eq!(get("good.test"), (200, true));
+    // Another CA: the handshake fails, HAProxy has no server to send to.
+    refused("wrongca.test");
+    // server-ssl alone does not verify.
+    assert_eq!(get("noverify.test"), (200, true));
+    // A backend that asks for a client certificate gets server-crt's, and refuses without one.
+    assert_eq!(get("client.test"), (200, true));
+    refused("noclient.test");
+    // Another namespace's Secret, or a missing one, leaves the Ingress out (never unverified).
+    assert_ne!(get("foreign.test").0, 200);
+    assert_ne!(get("missing.test").0, 200);
+    let out = &s.render_output;
+    assert!(
+        out.contains("Ingress default/foreign")
+            && out.contains("server-ca: the Secret must be in the Ingress's own namespace default"),
+        "{out}"
+    );
+    assert!(
+        out.contains("Ingress default/missing")
+            && out.contains("Secret default/nope is missing or has no ca.crt"),
+        "{out}"
+    );
 }
