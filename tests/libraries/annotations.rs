@@ -459,3 +459,46 @@ fn haproxytech_server_ca_and_server_crt_verify_tls_backends() {
         "{out}"
     );
 }
+
+#[test]
+fn haproxytech_access_lists_apply_to_tls_passthrough() {
+    let dir = harness::TempDir::new("pki-pt-acl");
+    let pki = harness::Pki::new(dir.path());
+    let hosts = ["allowed.test", "outside.test", "denied.test"];
+    let (crt, key) = pki.leaf("backend", &hosts);
+    std::fs::write(dir.path().join("backend.pem"), crt).unwrap();
+    std::fs::write(dir.path().join("backend.key.pem"), key).unwrap();
+    let (ip, port) = (unique_loopback(), 9443);
+    let _backend = TlsServer::start(
+        &dir.path().join("backend.pem"),
+        &dir.path().join("backend.key.pem"),
+        &ip,
+        port,
+    );
+    let mut m = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: tls, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: tls-1, namespace: default, labels: {{kubernetes.io/service-name: tls}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n"
+    );
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    // Clients here connect from 127.0.0.0/8.
+    for (name, list) in [
+        ("allowed", "haproxy.org/deny-list: 10.0.0.0/8"),
+        ("outside", "haproxy.org/allow-list: 10.0.0.0/8"),
+        ("denied", "haproxy.org/blacklist: 127.0.0.0/8"),
+    ] {
+        m.push_str(&format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{haproxy.org/ssl-passthrough: \"true\", {list}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: tls, port: {{number: 443}}}}}}}}]}}}}]}}\n"
+        ));
+    }
+    let s = Scenario::start("passthrough-acl", &m, &[]);
+    let p = &s.proxy;
+    // Allowed: the backend's own page, undecrypted through HAProxy.
+    let r = p.https("allowed.test", "/", &pki.ca, &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.contains("s_server"), "{r:?}");
+    // Outside the allow-list, or in the deny-list: the connection is closed before any byte
+    // reaches the backend (no HTTP status at all).
+    for host in ["outside.test", "denied.test"] {
+        let r = p.https(host, "/", &pki.ca, &[]);
+        assert_eq!(r.status, 0, "{host}: {r:?}");
+    }
+}
