@@ -161,6 +161,20 @@ fn haproxy_ingress_cors_hsts_app_root_redirect_rate_limit_path_type() {
 
 /// `openssl s_server -www` on an address of its own: a TLS backend that answers with a status
 /// page.
+/// A leaf certificate for `names` from the test CA, as the files `openssl s_server` reads.
+fn backend_cert(pki: &harness::Pki, names: &[&str]) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (crt, key) = pki.leaf("backend", names);
+    let (cert_file, key_file) = (pki.dir.join("backend.pem"), pki.dir.join("backend.key.pem"));
+    std::fs::write(&cert_file, crt).unwrap();
+    std::fs::write(&key_file, key).unwrap();
+    (cert_file, key_file)
+}
+
+/// YAML for a Service with one port `https` and an EndpointSlice pointing at a TLS server.
+fn tls_service_yaml(name: &str, ip: &str, port: u16) -> String {
+    format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n")
+}
+
 struct TlsServer(Child);
 
 impl TlsServer {
@@ -215,22 +229,13 @@ impl Drop for TlsServer {
 fn ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     let dir = harness::TempDir::new("pki-pt");
     let pki = harness::Pki::new(dir.path());
-    let (crt, key) = pki.leaf("backend", &["pt.test"]);
-    std::fs::write(dir.path().join("backend.pem"), crt).unwrap();
-    std::fs::write(dir.path().join("backend.key.pem"), key).unwrap();
+    let (cert, key) = backend_cert(&pki, &["pt.test"]);
     let (ip, port) = (unique_loopback(), 9443);
-    let _backend = TlsServer::start(
-        &dir.path().join("backend.pem"),
-        &dir.path().join("backend.key.pem"),
-        &ip,
-        port,
-    );
+    let _backend = TlsServer::start(&cert, &key, &ip, port);
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
     // The passthrough Service points at the TLS server.
-    m.push_str(&format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: tls, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: tls-1, namespace: default, labels: {{kubernetes.io/service-name: tls}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n"
-    ));
+    m.push_str(&tls_service_yaml("tls", &ip, port));
     m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
     m.push_str(&pki.secret_yaml("default", "tls-app", &["app.test"]));
     m.push_str(concat!(
@@ -366,29 +371,19 @@ fn haproxytech_server_ca_and_server_crt_verify_tls_backends() {
     let pki = harness::Pki::new(dir.path());
     let other_dir = harness::TempDir::new("pki-server-ca-other");
     let other = harness::Pki::new(other_dir.path());
-    let (crt, key) = pki.leaf("backend", &["backend.internal"]);
-    std::fs::write(dir.path().join("backend.pem"), crt).unwrap();
-    std::fs::write(dir.path().join("backend.key.pem"), key).unwrap();
+    let (cert, key) = backend_cert(&pki, &["backend.internal"]);
     let ip = unique_loopback();
     let (open_port, mtls_port) = (9443, 9444);
-    let _open = TlsServer::start(
-        &dir.path().join("backend.pem"),
-        &dir.path().join("backend.key.pem"),
-        &ip,
-        open_port,
-    );
+    let _open = TlsServer::start(&cert, &key, &ip, open_port);
     // This one asks for a client certificate from the test CA.
     let ca_path = pki.ca.display().to_string();
     let _mtls = TlsServer::start_with(
-        &dir.path().join("backend.pem"),
-        &dir.path().join("backend.key.pem"),
+        &cert,
+        &key,
         &ip,
         mtls_port,
         &["-Verify", "1", "-CAfile", &ca_path],
     );
-    let tls_service = |name: &str, port: u16| {
-        format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n")
-    };
     let ca_secret = |name: &str, ca: &std::path::Path| {
         let pem = std::fs::read(ca).expect("CA file");
         format!(
@@ -396,8 +391,8 @@ fn haproxytech_server_ca_and_server_crt_verify_tls_backends() {
             harness::base64(&pem)
         )
     };
-    let mut m = tls_service("open", open_port);
-    m.push_str(&tls_service("mtls", mtls_port));
+    let mut m = tls_service_yaml("open", &ip, open_port);
+    m.push_str(&tls_service_yaml("mtls", &ip, mtls_port));
     m.push_str(&ca_secret("ca-good", &pki.ca));
     m.push_str(&ca_secret("ca-other", &other.ca));
     m.push_str(&pki.secret_yaml("default", "client", &["client.internal"]));
@@ -465,19 +460,10 @@ fn haproxytech_access_lists_apply_to_tls_passthrough() {
     let dir = harness::TempDir::new("pki-pt-acl");
     let pki = harness::Pki::new(dir.path());
     let hosts = ["allowed.test", "outside.test", "denied.test"];
-    let (crt, key) = pki.leaf("backend", &hosts);
-    std::fs::write(dir.path().join("backend.pem"), crt).unwrap();
-    std::fs::write(dir.path().join("backend.key.pem"), key).unwrap();
+    let (cert, key) = backend_cert(&pki, &hosts);
     let (ip, port) = (unique_loopback(), 9443);
-    let _backend = TlsServer::start(
-        &dir.path().join("backend.pem"),
-        &dir.path().join("backend.key.pem"),
-        &ip,
-        port,
-    );
-    let mut m = format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: tls, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: tls-1, namespace: default, labels: {{kubernetes.io/service-name: tls}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n"
-    );
+    let _backend = TlsServer::start(&cert, &key, &ip, port);
+    let mut m = tls_service_yaml("tls", &ip, port);
     m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
     // Clients here connect from 127.0.0.0/8.
     for (name, list) in [

@@ -33,6 +33,13 @@ spec:
     - {name: https, protocol: HTTPS, port: 443, hostname: secure.test, tls: {certificateRefs: [{name: secure-cert}]}}
 "#;
 
+/// Our GatewayClass and a Gateway `name` in `default` with `listeners` (YAML list items).
+fn gateway_yaml(name: &str, listeners: &str) -> String {
+    format!(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: haproxy}}\nspec: {{controllerName: haproxy-haptic.org/controller}}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n{listeners}"
+    )
+}
+
 fn route(ns: &str, name: &str, ts: &str, spec: &str) -> String {
     format!(
         "---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: {ns}, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n{spec}"
@@ -541,24 +548,13 @@ fn gateway_listeners_are_isolated_by_hostname() {
         .iter()
         .map(|e| service_yaml("default", &e.name, e))
         .collect();
-    m.push_str(
-        r#"---
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {name: haproxy}
-spec: {controllerName: haproxy-haptic.org/controller}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: iso, namespace: default}
-spec:
-  gatewayClassName: haproxy
-  listeners:
-    - {name: empty, protocol: HTTP, port: 80}
+    m.push_str(&gateway_yaml(
+        "iso",
+        r#"    - {name: empty, protocol: HTTP, port: 80}
     - {name: wildcard, protocol: HTTP, port: 80, hostname: "*.iso.test"}
     - {name: specific, protocol: HTTP, port: 80, hostname: specific.iso.test}
 "#,
-    );
+    ));
     for (name, listener, path) in [
         ("any", "empty", "/"),
         ("wild", "wildcard", "/only-wild"),
@@ -608,24 +604,13 @@ fn gateway_https_answers_421_to_requests_for_another_listener() {
         "shared-cert",
         &["a.tls.test", "b.tls.test", "*.w.tls.test"],
     ));
-    m.push_str(
-        r#"---
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {name: haproxy}
-spec: {controllerName: haproxy-haptic.org/controller}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: tls, namespace: default}
-spec:
-  gatewayClassName: haproxy
-  listeners:
-    - {name: a, protocol: HTTPS, port: 443, hostname: a.tls.test, tls: {certificateRefs: [{name: shared-cert}]}}
+    m.push_str(&gateway_yaml(
+        "tls",
+        r#"    - {name: a, protocol: HTTPS, port: 443, hostname: a.tls.test, tls: {certificateRefs: [{name: shared-cert}]}}
     - {name: b, protocol: HTTPS, port: 443, hostname: b.tls.test, tls: {certificateRefs: [{name: shared-cert}]}}
     - {name: w, protocol: HTTPS, port: 443, hostname: "*.w.tls.test", tls: {certificateRefs: [{name: shared-cert}]}}
 "#,
-    );
+    ));
     for name in ["a", "b", "w"] {
         m.push_str(&route(
             "default",
