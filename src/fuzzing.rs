@@ -19,7 +19,7 @@ use crate::kube::client::WatchStream;
 use crate::render::current_config::CurrentConfig;
 use crate::store::path::{PathExpr, Step};
 use crate::store::selector::{FieldSelector, LabelSelector};
-use crate::store::{object_key, ObjectFilter, Store};
+use crate::store::{doc_key, ObjectFilter, Shape, Store};
 
 /// Splits fuzz input into parts at NUL bytes (a separator the text formats never need).
 fn parts(data: &[u8], n: usize) -> Vec<String> {
@@ -129,22 +129,28 @@ pub fn watch_stream(data: &[u8]) {
         &["metadata.managedFields".into(), "status".into()],
         Some("metadata.namespace!=kube-system"),
     );
-    let stream = WatchStream::from_reader("fuzz", Box::new(Cursor::new(data.to_vec())));
-    for event in stream.take(256) {
-        let Ok(event) = event else { continue };
-        let Some(key) = object_key(&event.object) else {
+    let fast = WatchStream::from_reader("fuzz", Box::new(Cursor::new(data.to_vec())))
+        .shaped(Arc::new(Shape::new(filter.clone())));
+    let slow = WatchStream::from_reader("fuzz", Box::new(Cursor::new(data.to_vec())))
+        .shaped(Arc::new(Shape::by_value(filter)));
+    for (event, by_value) in fast.zip(slow).take(256) {
+        // Parsed straight into a document as through a `Value`.
+        assert_eq!(event.is_ok(), by_value.is_ok(), "event verdicts");
+        let (Ok(event), Ok(by_value)) = (event, by_value) else {
+            continue;
+        };
+        assert_eq!(event.kind, by_value.kind);
+        assert_eq!(event.object.selected, by_value.object.selected);
+        assert_eq!(event.object.doc, by_value.object.doc);
+        let Ok(doc) = event.object.doc else { continue };
+        let Some(key) = doc_key(&doc) else {
             continue;
         };
         match event.kind.as_str() {
-            "ADDED" | "MODIFIED" => match filter.prepare(event.object) {
-                Some(object) => {
-                    let _ = store.upsert_value(&object);
-                }
-                None => {
-                    store.delete(&key);
-                }
-            },
-            "DELETED" => {
+            "ADDED" | "MODIFIED" if event.object.selected => {
+                let _ = store.upsert(Arc::new(doc));
+            }
+            "ADDED" | "MODIFIED" | "DELETED" => {
                 store.delete(&key);
             }
             _ => {}
@@ -209,7 +215,20 @@ pub fn store_paths(data: &[u8]) {
         }
     }
     if let Ok(selector) = FieldSelector::parse(&p[1]) {
-        let _ = selector.matches(&object);
+        let matches = selector.matches(&object);
+        assert_eq!(selector.matches_node(doc.root()), matches, "{}", p[1]);
+    }
+    // Parsing the text straight into a document, with the path ignored and the selector
+    // applied, gives what the `Value` path gives.
+    let filter = ObjectFilter::new(std::slice::from_ref(&p[0]), Some(&p[1]));
+    let fast = Shape::new(filter.clone()).parse(&p[3]);
+    let slow = Shape::by_value(filter).parse(&p[3]);
+    match (fast, slow) {
+        (Ok(fast), Ok(slow)) => {
+            assert_eq!(fast.selected, slow.selected, "selected");
+            assert_eq!(fast.doc, slow.doc, "parsed documents");
+        }
+        (fast, slow) => assert_eq!(fast.is_ok(), slow.is_ok(), "parse verdicts"),
     }
     if let Ok(selector) = LabelSelector::parse(&p[2]) {
         let matches = selector.matches(&object);

@@ -139,9 +139,11 @@ fn verbs_pagination_and_errors() {
         limit: Some(7),
         ..Default::default()
     };
-    let first = c
-        .list_page(&configmaps(), Some("default"), &params, None)
-        .unwrap();
+    let first: serde_json::Value = serde_json::from_str(
+        &c.list_page(&configmaps(), Some("default"), &params, None)
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(first["items"].as_array().unwrap().len(), 7);
     assert!(
         !first["metadata"]["continue"]
@@ -241,18 +243,14 @@ fn watch_delivers_adds_updates_deletes_in_order_with_bookmarks() {
     let mut bookmarks = 0;
     while kinds.len() < 3 || bookmarks == 0 {
         let event = stream.next().expect("stream open").unwrap();
+        let object = event.object.doc.unwrap().to_value();
         if event.kind == "BOOKMARK" {
             bookmarks += 1;
-            assert!(event.object["metadata"]["resourceVersion"]
-                .as_str()
-                .is_some());
+            assert!(object["metadata"]["resourceVersion"].as_str().is_some());
         } else {
             kinds.push((
                 event.kind,
-                event.object["data"]["v"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
+                object["data"]["v"].as_str().unwrap_or_default().to_string(),
             ));
         }
     }

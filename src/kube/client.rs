@@ -11,6 +11,7 @@ use serde_json::Value;
 use ureq::tls::{Certificate, ClientCert, PemItem, RootCerts, TlsConfig};
 
 use super::config::{Credentials, KubeConfig};
+use crate::store::{Parsed, Shape};
 
 /// Largest response body read (a list page); pages are requested with `limit` well below this.
 const MAX_BODY: u64 = 256 * 1024 * 1024;
@@ -155,11 +156,12 @@ impl fmt::Display for KubeError {
 impl std::error::Error for KubeError {}
 
 /// One event of a watch stream.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct WatchEvent {
     /// ADDED, MODIFIED, DELETED, BOOKMARK or ERROR.
     pub kind: String,
-    pub object: Value,
+    /// The object, parsed by the stream's [`Shape`].
+    pub object: Parsed,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -350,6 +352,20 @@ impl Client {
         path: &str,
         result: Result<http_response::Response, ureq::Error>,
     ) -> Result<Value, KubeError> {
+        let text = Self::finish_text(verb, path, result)?;
+        serde_json::from_str(&text).map_err(|e| KubeError::Transport {
+            verb,
+            path: path.to_string(),
+            error: format!("decode JSON: {e}"),
+        })
+    }
+
+    /// The body of a successful answer, as text.
+    fn finish_text(
+        verb: &'static str,
+        path: &str,
+        result: Result<http_response::Response, ureq::Error>,
+    ) -> Result<String, KubeError> {
         let transport = |error: String| KubeError::Transport {
             verb,
             path: path.to_string(),
@@ -364,7 +380,7 @@ impl Client {
             .read_to_string()
             .map_err(|e| transport(format!("read body: {e}")))?;
         if (200..300).contains(&code) {
-            return serde_json::from_str(&text).map_err(|e| transport(format!("decode JSON: {e}")));
+            return Ok(text);
         }
         Err(api_error(verb, path, code, &text))
     }
@@ -393,7 +409,7 @@ impl Client {
         namespace: Option<&str>,
         params: &ListParams,
         continue_token: Option<&str>,
-    ) -> Result<Value, KubeError> {
+    ) -> Result<String, KubeError> {
         let path = res.collection_path(namespace);
         let mut req = self.authorize("list", &path, self.agent.get(self.url(&path)))?;
         if let Some(sel) = params.label_selector.as_deref().filter(|s| !s.is_empty()) {
@@ -408,7 +424,7 @@ impl Client {
         if let Some(token) = continue_token.filter(|t| !t.is_empty()) {
             req = req.query("continue", token);
         }
-        Self::finish("list", &path, req.call())
+        Self::finish_text("list", &path, req.call())
     }
 
     /// Every object across pages, and the list's resourceVersion (to watch from).
@@ -419,39 +435,41 @@ impl Client {
         params: &ListParams,
     ) -> Result<(Vec<Value>, String), KubeError> {
         let mut items = Vec::new();
-        let rv = self.list_pages(res, namespace, params, |mut page| items.append(&mut page))?;
+        let shape = Shape::default();
+        let rv = self.list_docs(res, namespace, params, &shape, &[], |item| {
+            if let Ok(doc) = item.doc {
+                items.push(doc.to_value());
+            }
+        })?;
         Ok((items, rv))
     }
 
-    /// Lists every page, handing each page's items to `on_page` as it arrives (so that a
-    /// caller keeping a compact form never holds the whole list as parsed JSON). Returns the
-    /// list's resourceVersion.
-    pub fn list_pages(
+    /// Lists every page, parsing each item straight into a document shaped by `shape` (the
+    /// whole list is never held as parsed JSON) and handing it to `each`. Items get the
+    /// `defaults` members they lack. Returns the list's resourceVersion.
+    pub fn list_docs(
         &self,
         res: &ResourceRef,
         namespace: Option<&str>,
         params: &ListParams,
-        mut on_page: impl FnMut(Vec<Value>),
+        shape: &Shape,
+        defaults: &[(&str, &str)],
+        mut each: impl FnMut(Parsed),
     ) -> Result<String, KubeError> {
         let mut token: Option<String> = None;
         loop {
-            let mut page = self.list_page(res, namespace, params, token.as_deref())?;
-            if let Some(Value::Array(page_items)) = page.get_mut("items").map(Value::take) {
-                on_page(page_items);
-            }
-            let meta = page.get("metadata").cloned().unwrap_or(Value::Null);
-            token = meta
-                .get("continue")
-                .and_then(Value::as_str)
-                .filter(|t| !t.is_empty())
-                .map(str::to_string);
+            let page = self.list_page(res, namespace, params, token.as_deref())?;
+            let meta =
+                shape
+                    .parse_list(&page, defaults, &mut each)
+                    .map_err(|e| KubeError::Transport {
+                        verb: "list",
+                        path: res.collection_path(namespace),
+                        error: format!("decode JSON: {e}"),
+                    })?;
+            token = meta.continue_token.filter(|t| !t.is_empty());
             if token.is_none() {
-                let rv = meta
-                    .get("resourceVersion")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                return Ok(rv);
+                return Ok(meta.resource_version.unwrap_or_default());
             }
         }
     }
@@ -678,6 +696,7 @@ pub struct WatchStream {
     path: String,
     reader: BufReader<Box<dyn std::io::Read + Send>>,
     line: String,
+    shape: Arc<Shape>,
 }
 
 impl WatchStream {
@@ -687,7 +706,14 @@ impl WatchStream {
             path: path.to_string(),
             reader: BufReader::new(reader),
             line: String::new(),
+            shape: Arc::default(),
         }
+    }
+
+    /// Parses the events' objects by `shape` (ignored fields, field selector).
+    pub fn shaped(mut self, shape: Arc<Shape>) -> WatchStream {
+        self.shape = shape;
+        self
     }
 }
 
@@ -709,19 +735,8 @@ impl Iterator for WatchStream {
                 }
                 Ok(_) if self.line.trim().is_empty() => continue,
                 Ok(_) => {
-                    let parsed: Result<Value, _> = serde_json::from_str(self.line.trim());
-                    return Some(match parsed {
-                        Ok(mut v) => {
-                            let kind = v
-                                .get("type")
-                                .and_then(Value::as_str)
-                                .unwrap_or_default()
-                                .to_string();
-                            Ok(WatchEvent {
-                                kind,
-                                object: v.get_mut("object").map(Value::take).unwrap_or(Value::Null),
-                            })
-                        }
+                    return Some(match self.shape.parse_event(self.line.trim()) {
+                        Ok((kind, object)) => Ok(WatchEvent { kind, object }),
                         Err(e) => Err(KubeError::Transport {
                             verb: "watch",
                             path: self.path.clone(),

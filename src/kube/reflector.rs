@@ -9,10 +9,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
-use serde_json::Value;
 
 use super::client::{Client, KubeError, ListParams, ResourceRef};
-use crate::store::{object_key, Doc, ObjectFilter, Store, StoreError};
+use crate::store::{doc_key, NodeRef, ObjectFilter, Parsed, Shape, Store};
 
 /// A store shared between its reflector (the only writer) and readers. Readers take cheap
 /// snapshots (`Arc<Store>`); a write while a snapshot is alive copies the index (pointers only).
@@ -146,62 +145,54 @@ impl Reflector {
     }
 
     /// Applies one object (added or modified). An object the field selector rejects is removed.
-    fn apply(&self, object: Value) {
-        let Some(key) = object_key(&object) else {
+    fn apply(&self, object: Parsed) {
+        let doc = match object.doc {
+            Ok(doc) => doc,
+            Err(e) => {
+                log::warn!("resource={} {e}", self.name);
+                return;
+            }
+        };
+        let Some(key) = doc_key(&doc) else {
             return;
         };
-        match self.filter.prepare(object) {
-            Some(object) => {
-                // Compacted before the store's lock is taken.
-                let doc = Doc::from_value(&object);
-                self.write(|s| {
-                    if let Err(e) = doc
-                        .map_err(|_| StoreError::TooLarge)
-                        .and_then(|d| s.upsert(Arc::new(d)))
-                    {
-                        log::warn!("resource={} {e}", self.name);
-                    }
-                })
-            }
-            None => self.write(|s| {
+        self.write(|s| {
+            if !object.selected {
                 s.delete(&key);
-            }),
-        }
+            } else if let Err(e) = s.upsert(Arc::new(doc)) {
+                log::warn!("resource={} {e}", self.name);
+            }
+        })
     }
 
     /// Lists everything and makes the store equal to it. Returns the list's resourceVersion.
-    fn relist(&self) -> Result<String, KubeError> {
+    fn relist(&self, shape: &Shape) -> Result<String, KubeError> {
         let mut seen = BTreeSet::new();
         let mut prepared = Vec::new();
         // List items carry no apiVersion/kind; templates name objects by them (render units
         // report refusals against `Kind namespace/name`), so fill them in as watch events have.
-        let api_version = if self.resource.group.is_empty() {
-            self.resource.version.clone()
-        } else {
-            format!("{}/{}", self.resource.group, self.resource.version)
-        };
+        let api_version = self.resource.api_version();
         let kind = crate::kinds::kind_of(&self.resource.resource);
-        // Each page is compacted as it arrives: the whole list is never held as parsed JSON.
-        let rv = self.client.list_pages(
+        let defaults = [
+            ("apiVersion", api_version.as_str()),
+            ("kind", kind.as_str()),
+        ];
+        // Items are parsed straight into documents, page by page: the list is never held as
+        // parsed JSON.
+        let rv = self.client.list_docs(
             &self.resource,
             self.namespace.as_deref(),
             &self.params,
-            |items| {
-                for mut item in items {
-                    if let Some(map) = item.as_object_mut() {
-                        map.entry("apiVersion")
-                            .or_insert_with(|| Value::from(api_version.clone()));
-                        map.entry("kind")
-                            .or_insert_with(|| Value::from(kind.clone()));
-                    }
-                    if let Some(key) = object_key(&item) {
-                        if let Some(object) = self.filter.prepare(item) {
-                            seen.insert(key);
-                            prepared
-                                .push(Doc::from_value(&object).map_err(|_| StoreError::TooLarge));
-                        }
+            shape,
+            &defaults,
+            |item| match item.doc {
+                Ok(doc) => {
+                    if let Some(key) = doc_key(&doc).filter(|_| item.selected) {
+                        seen.insert(key);
+                        prepared.push(doc);
                     }
                 }
+                Err(e) => log::warn!("resource={} {e}", self.name),
             },
         )?;
         self.write(|s| {
@@ -209,8 +200,8 @@ impl Reflector {
             for key in stale {
                 s.delete(&key);
             }
-            for object in prepared {
-                if let Err(e) = object.and_then(|d| s.upsert(Arc::new(d))) {
+            for doc in prepared {
+                if let Err(e) = s.upsert(Arc::new(doc)) {
                     log::warn!("resource={} {e}", self.name);
                 }
             }
@@ -218,7 +209,11 @@ impl Reflector {
         Ok(rv)
     }
 
-    fn watch(&self, resource_version: &mut String) -> Result<WatchEnd, KubeError> {
+    fn watch(
+        &self,
+        shape: &Arc<Shape>,
+        resource_version: &mut String,
+    ) -> Result<WatchEnd, KubeError> {
         let timeout = self.watch_timeout.as_secs().max(1) as u32;
         let stream = self.client.watch(
             &self.resource,
@@ -227,7 +222,7 @@ impl Reflector {
             resource_version,
             timeout,
         )?;
-        for event in stream {
+        for event in stream.shaped(shape.clone()) {
             if self.stopped() {
                 return Ok(WatchEnd::Stopped);
             }
@@ -235,10 +230,10 @@ impl Reflector {
                 Ok(e) => e,
                 Err(e) => return Ok(WatchEnd::Relist(format!("watch broke: {e}"))),
             };
-            let rv = event
-                .object
-                .pointer("/metadata/resourceVersion")
-                .and_then(Value::as_str)
+            let object = event.object.doc.as_ref().ok().map(|d| d.root());
+            let rv = object
+                .and_then(|o| o.pointer(&["metadata", "resourceVersion"]))
+                .and_then(NodeRef::as_str)
                 .map(str::to_string);
             match event.kind.as_str() {
                 "ADDED" | "MODIFIED" => {
@@ -246,7 +241,7 @@ impl Reflector {
                     self.notify();
                 }
                 "DELETED" => {
-                    if let Some(key) = object_key(&event.object) {
+                    if let Some(key) = event.object.doc.as_ref().ok().and_then(doc_key) {
                         self.write(|s| {
                             s.delete(&key);
                         });
@@ -255,15 +250,13 @@ impl Reflector {
                 }
                 "BOOKMARK" => {}
                 "ERROR" => {
-                    let code = event
-                        .object
-                        .get("code")
-                        .and_then(Value::as_u64)
+                    let code = object
+                        .and_then(|o| o.get("code"))
+                        .and_then(NodeRef::as_u64)
                         .unwrap_or(0);
-                    let message = event
-                        .object
-                        .get("message")
-                        .and_then(Value::as_str)
+                    let message = object
+                        .and_then(|o| o.get("message"))
+                        .and_then(NodeRef::as_str)
                         .unwrap_or_default();
                     return Ok(WatchEnd::Relist(format!("watch error {code}: {message}")));
                 }
@@ -278,13 +271,14 @@ impl Reflector {
 
     /// Runs until `stop` is set.
     pub fn run(self) {
+        let shape = Arc::new(Shape::new(self.filter.clone()));
         let mut backoff = Backoff::default();
         let mut resource_version: Option<String> = None;
         let mut relist_reason = "initial list".to_string();
         while !self.stopped() {
             let rv = match resource_version.take() {
                 Some(rv) => rv,
-                None => match self.relist() {
+                None => match self.relist(&shape) {
                     Ok(rv) => {
                         let first = !self.synced.swap(true, Ordering::SeqCst);
                         if first {
@@ -315,7 +309,7 @@ impl Reflector {
                 },
             };
             let mut rv = rv;
-            match self.watch(&mut rv) {
+            match self.watch(&shape, &mut rv) {
                 Ok(WatchEnd::Expired) => {
                     backoff.reset();
                     resource_version = Some(rv);

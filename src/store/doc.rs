@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::BuildHasherDefault;
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::Value;
@@ -88,23 +89,9 @@ pub struct Doc {
 
 impl Doc {
     pub fn from_value(value: &Value) -> Result<Doc, TooLarge> {
-        let mut b = Builder {
-            nodes: Vec::new(),
-            text: String::new(),
-            offsets: HashMap::new(),
-            wide: Vec::new(),
-            children: Vec::new(),
-        };
-        b.intern("")?;
-        b.push(value, 0)?;
-        // Rows are written as containers end (innermost first); lookups search by node.
-        b.wide.sort_unstable_by_key(|w| w.0);
-        Ok(Doc {
-            nodes: b.nodes.into_boxed_slice(),
-            text: b.text.into_boxed_str(),
-            wide: b.wide.into_boxed_slice(),
-            children: b.children.into_boxed_slice(),
-        })
+        let mut b = Builder::new();
+        b.value(value, 0);
+        b.finish()
     }
 
     pub fn root(&self) -> NodeRef<'_> {
@@ -437,27 +424,89 @@ fn string_at(text: &str, offset: u32) -> &str {
     text.get(at..at + len).unwrap_or_default()
 }
 
-struct Builder<'v> {
+/// Builds a [`Doc`] from a preorder stream of values: [`Builder::scalar`] and friends for
+/// leaves, [`Builder::open`] / [`Builder::close`] around containers. Objects may arrive with
+/// members in any order (as JSON text has them) and even repeated: closing an object sorts its
+/// members by key and keeps the last of equal keys, as `serde_json`'s map does, so a document
+/// parsed from text and one converted from a `Value` are the same.
+pub(crate) struct Builder {
     nodes: Vec<Node>,
     text: String,
-    /// Each distinct string is written once.
-    offsets: HashMap<&'v str, u32>,
-    wide: Vec<(u32, u32, u32)>,
-    children: Vec<u32>,
+    /// Each distinct string is written once: text offsets by the string's hash (a collision
+    /// only costs a second copy, never a wrong answer: the text is compared).
+    offsets: HashMap<u64, u32, BuildHasherDefault<Passthrough>>,
+    /// Set once the text outgrows [`MAX_TEXT`]; later writes are dropped.
+    too_large: bool,
+    /// Scratch space of `order_members`.
+    members: Vec<(u32, u32)>,
+    moved: Vec<Node>,
 }
 
-impl<'v> Builder<'v> {
-    fn intern(&mut self, s: &'v str) -> Result<u32, TooLarge> {
-        if let Some(&at) = self.offsets.get(s) {
-            return Ok(at);
+/// Scratch buffers larger than this are not kept for the next document.
+const KEEP_SCRATCH: usize = 1 << 20;
+
+thread_local! {
+    /// The buffers of the last builder of this thread: documents are built in them and then
+    /// copied out at their exact size, so a stream of documents allocates two blocks each and
+    /// leaves no growth slack behind.
+    static SCRATCH: std::cell::RefCell<Option<Builder>> = const { std::cell::RefCell::new(None) };
+}
+
+impl Builder {
+    pub(crate) fn new() -> Builder {
+        let mut b = SCRATCH
+            .with(|s| s.borrow_mut().take())
+            .unwrap_or_else(|| Builder {
+                nodes: Vec::new(),
+                text: String::new(),
+                offsets: HashMap::default(),
+                too_large: false,
+                members: Vec::new(),
+                moved: Vec::new(),
+            });
+        b.intern("");
+        b
+    }
+
+    /// Gives the buffers back for the next builder on this thread.
+    fn recycle(mut self) {
+        let size = self.nodes.capacity() * std::mem::size_of::<Node>()
+            + self.text.capacity()
+            + self.offsets.capacity() * 16
+            + self.members.capacity() * 8
+            + self.moved.capacity() * std::mem::size_of::<Node>();
+        if size > KEEP_SCRATCH {
+            return;
         }
-        let at = self.write(s)?;
-        self.offsets.insert(s, at);
-        Ok(at)
+        self.nodes.clear();
+        self.text.clear();
+        self.offsets.clear();
+        self.too_large = false;
+        SCRATCH.with(|s| *s.borrow_mut() = Some(self));
+    }
+
+    /// The text offset of `s`, written on first use.
+    pub(crate) fn intern(&mut self, s: &str) -> u32 {
+        let hash = fx_hash(s.as_bytes());
+        if let Some(&at) = self.offsets.get(&hash) {
+            if string_at(&self.text, at) == s {
+                return at;
+            }
+            return self.write(s);
+        }
+        let at = self.write(s);
+        if !self.too_large {
+            self.offsets.insert(hash, at);
+        }
+        at
     }
 
     /// Appends a text entry: the length prefix, then the bytes.
-    fn write(&mut self, s: &str) -> Result<u32, TooLarge> {
+    fn write(&mut self, s: &str) -> u32 {
+        if self.too_large || self.text.len() + s.len() + 8 >= MAX_TEXT {
+            self.too_large = true;
+            return 0;
+        }
         let at = self.text.len();
         let mut len = s.len();
         loop {
@@ -470,58 +519,223 @@ impl<'v> Builder<'v> {
             self.text.push(char::from(digit | 0x40));
         }
         self.text.push_str(s);
-        if self.text.len() >= MAX_TEXT {
-            return Err(TooLarge);
-        }
-        Ok(at as u32)
+        at as u32
     }
 
-    fn push(&mut self, value: &'v Value, key: u32) -> Result<(), TooLarge> {
-        let idx = u32::try_from(self.nodes.len()).map_err(|_| TooLarge)?;
-        let (kind, payload) = match value {
-            Value::Null => (Kind::Null, 0),
-            Value::Bool(b) => (Kind::Bool, u32::from(*b)),
-            // Kept as serde_json prints it; numbers are few, so they are not deduplicated.
-            Value::Number(n) => (Kind::Number, self.write(&n.to_string())?),
-            Value::String(s) => (Kind::String, self.intern(s)?),
-            Value::Array(_) => (Kind::Array, 0),
-            Value::Object(_) => (Kind::Object, 0),
-        };
+    fn node(&mut self, kind: Kind, key: u32, value: u32) -> u32 {
+        let idx = self.nodes.len();
+        if idx >= u32::MAX as usize {
+            self.too_large = true;
+        }
         let kind_bits = KINDS.iter().position(|k| *k == kind).unwrap_or(0) as u32;
         self.nodes.push(Node {
             head: kind_bits << 29 | key,
-            value: payload,
+            value,
         });
-        let mut row = Vec::new();
-        match value {
-            Value::Array(items) => {
-                for item in items {
-                    row.push(self.nodes.len() as u32);
-                    self.push(item, 0)?;
+        idx as u32
+    }
+
+    pub(crate) fn null(&mut self, key: u32) {
+        self.node(Kind::Null, key, 0);
+    }
+
+    pub(crate) fn bool(&mut self, key: u32, b: bool) {
+        self.node(Kind::Bool, key, u32::from(b));
+    }
+
+    /// A number, kept as `serde_json` prints it (numbers are few, so they are not
+    /// deduplicated).
+    pub(crate) fn number(&mut self, key: u32, n: &serde_json::Number) {
+        let at = self.write(&n.to_string());
+        self.node(Kind::Number, key, at);
+    }
+
+    pub(crate) fn string(&mut self, key: u32, s: &str) {
+        let at = self.intern(s);
+        self.node(Kind::String, key, at);
+    }
+
+    /// Starts an array or object; its items follow, then [`Builder::close`] with the index
+    /// returned here.
+    pub(crate) fn open(&mut self, key: u32, object: bool) -> u32 {
+        let kind = if object { Kind::Object } else { Kind::Array };
+        self.node(kind, key, 0)
+    }
+
+    pub(crate) fn close(&mut self, idx: u32) {
+        let end = self.nodes.len() as u32;
+        self.nodes[idx as usize].value = end;
+        if self.nodes[idx as usize].kind() == Kind::Object {
+            self.order_members(idx, end);
+        }
+    }
+
+    /// Sorts the members of the object at `idx` by key, keeping the last of equal keys.
+    fn order_members(&mut self, idx: u32, end: u32) {
+        let mut members = std::mem::take(&mut self.members);
+        members.clear();
+        let mut sorted = true;
+        let mut at = idx + 1;
+        while at < end {
+            let next = self.subtree_end(at);
+            if let Some(&(prev, _)) = members.last() {
+                let (a, b) = (self.key_text(prev), self.key_text(at));
+                sorted &= a < b;
+            }
+            members.push((at, next));
+            at = next;
+        }
+        if !sorted {
+            self.permute(idx, &mut members);
+        }
+        self.members = members;
+    }
+
+    /// Rewrites the members of the object at `idx` (`(start, end)` of each) in key order.
+    fn permute(&mut self, idx: u32, members: &mut Vec<(u32, u32)>) {
+        // Stable: equal keys keep their arrival order, and the last of each run stays.
+        members.sort_by(|a, b| self.key_text(a.0).cmp(self.key_text(b.0)));
+        let mut kept = 0;
+        for i in 0..members.len() {
+            if kept > 0 && self.key_text(members[kept - 1].0) == self.key_text(members[i].0) {
+                members[kept - 1] = members[i];
+            } else {
+                members[kept] = members[i];
+                kept += 1;
+            }
+        }
+        members.truncate(kept);
+        let mut moved = std::mem::take(&mut self.moved);
+        moved.clear();
+        for &(start, stop) in members.iter() {
+            let shift = (idx + 1 + moved.len() as u32).wrapping_sub(start);
+            for node in &self.nodes[start as usize..stop as usize] {
+                let mut node = *node;
+                if matches!(node.kind(), Kind::Array | Kind::Object) {
+                    node.value = node.value.wrapping_add(shift);
                 }
+                moved.push(node);
+            }
+        }
+        let new_end = idx + 1 + moved.len() as u32;
+        self.nodes.truncate(idx as usize + 1);
+        self.nodes.extend_from_slice(&moved);
+        self.nodes[idx as usize].value = new_end;
+        self.moved = moved;
+    }
+
+    fn subtree_end(&self, at: u32) -> u32 {
+        let node = self.nodes[at as usize];
+        match node.kind() {
+            Kind::Array | Kind::Object => node.value,
+            _ => at + 1,
+        }
+    }
+
+    fn key_text(&self, at: u32) -> &str {
+        string_at(&self.text, self.nodes[at as usize].key())
+    }
+
+    /// The value, walked into this builder as the member `key` (0 for the root and items).
+    pub(crate) fn value(&mut self, value: &Value, key: u32) {
+        match value {
+            Value::Null => self.null(key),
+            Value::Bool(b) => self.bool(key, *b),
+            Value::Number(n) => self.number(key, n),
+            Value::String(s) => self.string(key, s),
+            Value::Array(items) => {
+                let idx = self.open(key, false);
+                for item in items {
+                    self.value(item, 0);
+                }
+                self.close(idx);
             }
             Value::Object(map) => {
+                let idx = self.open(key, true);
                 for (k, v) in map {
-                    let key = self.intern(k)?;
-                    row.push(self.nodes.len() as u32);
-                    self.push(v, key)?;
+                    let key = self.intern(k);
+                    self.value(v, key);
                 }
+                self.close(idx);
             }
-            _ => return Ok(()),
         }
-        let end = u32::try_from(self.nodes.len()).map_err(|_| TooLarge)?;
-        self.nodes[idx as usize].value = end;
-        if row.len() > WIDE {
-            if let Value::Object(_) = value {
-                let key = |c: u32| self.nodes[c as usize].key();
-                let text = |at: u32| string_at(&self.text, at);
-                row.sort_by(|&a, &b| text(key(a)).cmp(text(key(b))));
+    }
+
+    /// The finished document: one root value must have been built.
+    pub(crate) fn finish(self) -> Result<Doc, TooLarge> {
+        let doc = self.build();
+        self.recycle();
+        doc
+    }
+
+    fn build(&self) -> Result<Doc, TooLarge> {
+        if self.too_large || self.nodes.is_empty() {
+            return Err(TooLarge);
+        }
+        // Rows of wide containers, in node order (lookups search by node). Members are
+        // already sorted, so an object's row is sorted by key too.
+        let mut wide = Vec::new();
+        let mut children = Vec::new();
+        for (idx, node) in self.nodes.iter().enumerate() {
+            if !matches!(node.kind(), Kind::Array | Kind::Object) {
+                continue;
             }
-            let start = u32::try_from(self.children.len()).map_err(|_| TooLarge)?;
-            self.wide.push((idx, start, row.len() as u32));
-            self.children.extend(row);
+            let end = node.value;
+            let (mut count, mut at) = (0, idx as u32 + 1);
+            while at < end && count <= WIDE {
+                count += 1;
+                at = self.subtree_end(at);
+            }
+            if count > WIDE {
+                let start = u32::try_from(children.len()).map_err(|_| TooLarge)?;
+                let mut at = idx as u32 + 1;
+                while at < end {
+                    children.push(at);
+                    at = self.subtree_end(at);
+                }
+                let count = children.len() as u32 - start;
+                wide.push((idx as u32, start, count));
+            }
         }
-        Ok(())
+        Ok(Doc {
+            nodes: Box::from(&self.nodes[..]),
+            text: Box::from(&self.text[..]),
+            wide: wide.into_boxed_slice(),
+            children: children.into_boxed_slice(),
+        })
+    }
+}
+
+/// FxHash over bytes (rustc's hash): fast, and collisions cost only deduplication.
+fn fx_hash(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut h: u64 = bytes.len() as u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        let w = u64::from_le_bytes(c.try_into().unwrap_or_default());
+        h = (h.rotate_left(5) ^ w).wrapping_mul(K);
+    }
+    for &b in chunks.remainder() {
+        h = (h.rotate_left(5) ^ u64::from(b)).wrapping_mul(K);
+    }
+    h
+}
+
+/// The hasher of the offsets map: its keys are hashes already.
+#[derive(Default)]
+struct Passthrough(u64);
+
+impl std::hash::Hasher for Passthrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = fx_hash(bytes);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
     }
 }
 

@@ -7,6 +7,7 @@
 //! client-side field selector applied).
 
 pub mod doc;
+pub mod parse;
 pub mod path;
 pub(crate) mod selector;
 
@@ -20,6 +21,7 @@ use serde_json::Value;
 use crate::config::model::WatchedResource;
 use crate::config::Spec;
 pub use doc::{Doc, NodeRef};
+pub use parse::{Parsed, Shape};
 use path::PathExpr;
 use selector::FieldSelector;
 
@@ -364,15 +366,20 @@ pub struct ObjectFilter {
 impl ObjectFilter {
     /// `None` when the object does not pass the field selector (it must then not be stored).
     pub fn prepare(&self, mut object: Value) -> Option<Value> {
-        if let Some(sel) = &self.field_selector {
-            if !sel.matches(&object) {
-                return None;
-            }
+        if !self.selects(&object) {
+            return None;
         }
         for path in &self.ignore_fields {
             path.remove(&mut object);
         }
         Some(object)
+    }
+
+    /// Whether the object passes the field selector.
+    pub fn selects(&self, object: &Value) -> bool {
+        self.field_selector
+            .as_ref()
+            .is_none_or(|s| s.matches(object))
     }
 }
 

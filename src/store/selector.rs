@@ -190,6 +190,19 @@ impl FieldSelector {
             (actual.as_deref() == Some(value.as_str())) == *equal
         })
     }
+
+    /// [`FieldSelector::matches`] for a stored object.
+    pub fn matches_node(&self, object: super::NodeRef<'_>) -> bool {
+        self.terms.iter().all(|(path, value, equal)| {
+            let actual = path.key_of_node(object);
+            (actual.as_deref() == Some(value.as_str())) == *equal
+        })
+    }
+
+    /// The paths the selector reads.
+    pub fn paths(&self) -> impl Iterator<Item = &PathExpr> {
+        self.terms.iter().map(|(p, _, _)| p)
+    }
 }
 
 #[cfg(test)]
