@@ -710,3 +710,136 @@ fn gateway_backend_ref_filters_apply_to_their_backend_only() {
         "{message}"
     );
 }
+
+/// The common name of the certificate HAProxy's HTTPS frontend serves for `sni` (`None`: a
+/// client that sends no SNI), as `openssl s_client` sees it.
+fn served_certificate(p: &harness::HAProxy, sni: Option<&str>) -> String {
+    let mut cmd = std::process::Command::new("openssl");
+    cmd.arg("s_client")
+        .arg("-connect")
+        .arg(format!("{}:{}", p.ports.ip, p.ports.https));
+    match sni {
+        Some(name) => cmd.args(["-servername", name]),
+        None => cmd.arg("-noservername"),
+    };
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run openssl s_client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("subject="))
+        .map(|s| s.replace(' ', "").trim_start_matches("CN=").to_string())
+        .unwrap_or_else(|| panic!("no certificate for {sni:?}: {text}"))
+}
+
+#[test]
+fn gateway_hostless_https_listener_serves_its_certificate_for_unclaimed_names() {
+    let dir = harness::TempDir::new("pki-gw-hostless");
+    let pki = harness::Pki::new(dir.path());
+    let (any, secure, late) = (
+        Echo::start("any"),
+        Echo::start("secure"),
+        Echo::start("late"),
+    );
+    let mut m = service_yaml("edge", "any", &any);
+    m.push_str(&service_yaml("edge", "secure", &secure));
+    m.push_str(&service_yaml("late", "late", &late));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("edge", "any-cert", &["catchall.test"]));
+    m.push_str(&pki.secret_yaml("edge", "secure-cert", &["secure.test"]));
+    m.push_str(&pki.secret_yaml("late", "late-cert", &["late.test"]));
+    // Two Gateways with a host-less HTTPS listener: the older one's serves the unclaimed names.
+    m.push_str(
+        r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: haproxy}
+spec: {controllerName: haproxy-haptic.org/controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: edge, creationTimestamp: "2024-01-01T00:00:00Z", generation: 1}
+spec:
+  gatewayClassName: haproxy
+  listeners:
+    - {name: any, protocol: HTTPS, port: 443, tls: {certificateRefs: [{name: any-cert}]}}
+    - {name: secure, protocol: HTTPS, port: 443, hostname: secure.test, tls: {certificateRefs: [{name: secure-cert}]}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: late, namespace: late, creationTimestamp: "2025-01-01T00:00:00Z", generation: 1}
+spec:
+  gatewayClassName: haproxy
+  listeners:
+    - {name: any, protocol: HTTPS, port: 443, tls: {certificateRefs: [{name: late-cert}]}}
+"#,
+    );
+    for (ns, name, gw, listener) in [
+        ("edge", "any", "edge", "any"),
+        ("edge", "secure", "edge", "secure"),
+        ("late", "late", "late", "any"),
+    ] {
+        m.push_str(&route(
+            ns,
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: {gw}, sectionName: {listener}}}]\n  rules: [{{backendRefs: [{{name: {name}, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-hostless-https", &m, &[]);
+    let p = &s.proxy;
+    // A name no listener claims, and a client without SNI: the host-less listener's
+    // certificate, not the admin's default one.
+    assert_eq!(
+        served_certificate(p, Some("unknown.example")),
+        "catchall.test"
+    );
+    assert_eq!(served_certificate(p, None), "catchall.test");
+    // The more specific listener keeps its name.
+    assert_eq!(served_certificate(p, Some("secure.test")), "secure.test");
+    // The newer Gateway's host-less listener serves nothing, not even its certificate's name.
+    assert_eq!(served_certificate(p, Some("late.test")), "catchall.test");
+    // Requests: verified for the certificate's own name; any other name reaches the host-less
+    // listener's route over the same certificate (curl -k: it does not cover that name).
+    let r = p.https("catchall.test", "/", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("any")), "{r:?}");
+    let r = p.https("unknown.example", "/", &pki.ca, &["-k"]);
+    assert_eq!((r.status, r.backend()), (200, Some("any")), "{r:?}");
+    let r = p.https("secure.test", "/", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("secure")), "{r:?}");
+    let r = p.https("late.test", "/", &pki.ca, &["-k"]);
+    assert_eq!((r.status, r.backend()), (200, Some("any")), "{r:?}");
+    // Statuses: the older Gateway's listener is programmed, the newer one's is Conflicted and
+    // says which listener holds the unclaimed names.
+    let out = &s.render_output;
+    let edge = status_of(out, "Gateway", "edge/edge").expect("edge status");
+    let l = &edge["listeners"][0];
+    assert_eq!(
+        condition(&l["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+    assert_eq!(
+        condition(&l["conditions"], "Conflicted"),
+        pair("False", "NoConflicts")
+    );
+    let late_gw = status_of(out, "Gateway", "late/late").expect("late status");
+    let l = &late_gw["listeners"][0];
+    assert_eq!(
+        condition(&l["conditions"], "Conflicted"),
+        pair("True", "HostnameConflict")
+    );
+    assert_eq!(
+        condition(&l["conditions"], "Programmed"),
+        pair("False", "Invalid")
+    );
+    let message = l["conditions"]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["type"] == "Conflicted"))
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or_default();
+    assert!(
+        message.contains("listener any of the older Gateway edge/edge"),
+        "{message}"
+    );
+}
