@@ -249,23 +249,25 @@ fn haproxytech_annotations_redirect_headers_rewrite_allowlist_auth() {
         "---\napiVersion: v1\nkind: Secret\nmetadata: {{name: users, namespace: default}}\ndata: {{alice: {}}}\n",
         harness::base64(hash.as_bytes())
     ));
+    // These Ingresses have TLS, which redirects HTTP to HTTPS by default (as with the peer):
+    // the HTTP checks below need ssl-redirect "false".
     m.push_str(&annotated(
         "open",
         "open.test",
         "web",
-        "    haproxy.org/allowlist: \"127.0.0.1/32\"\n    haproxy.org/request-set-header: \"X-Env prod\"\n    haproxy.org/response-set-header: \"X-Frame-Options DENY\"\n    haproxy.org/path-rewrite: \"^/old/(.*) /new/\\\\1\"\n    haproxy.org/set-host: backend.internal\n",
+        "    haproxy.org/ssl-redirect: \"false\"\n    haproxy.org/allowlist: \"127.0.0.1/32\"\n    haproxy.org/request-set-header: \"X-Env prod\"\n    haproxy.org/response-set-header: \"X-Frame-Options DENY\"\n    haproxy.org/path-rewrite: \"^/old/(.*) /new/\\\\1\"\n    haproxy.org/set-host: backend.internal\n",
     ));
     m.push_str(&annotated(
         "closed",
         "closed.test",
         "web",
-        "    haproxy.org/allowlist: \"192.0.2.0/24\"\n",
+        "    haproxy.org/ssl-redirect: \"false\"\n    haproxy.org/allowlist: \"192.0.2.0/24\"\n",
     ));
     m.push_str(&annotated(
         "auth",
         "auth.test",
         "web",
-        "    haproxy.org/auth-type: basic-auth\n    haproxy.org/auth-secret: default/users\n    haproxy.org/auth-realm: Team\n",
+        "    haproxy.org/ssl-redirect: \"false\"\n    haproxy.org/auth-type: basic-auth\n    haproxy.org/auth-secret: default/users\n    haproxy.org/auth-realm: Team\n",
     ));
     m.push_str(&annotated(
         "redir",

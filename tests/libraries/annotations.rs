@@ -488,3 +488,44 @@ fn haproxytech_access_lists_apply_to_tls_passthrough() {
         assert_eq!(r.status, 0, "{host}: {r:?}");
     }
 }
+
+#[test]
+fn haproxytech_tls_ingress_redirects_http_to_https_by_default() {
+    let dir = harness::TempDir::new("pki-tls-redirect");
+    let pki = harness::Pki::new(dir.path());
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "tls-secure", &["secure.test"]));
+    m.push_str(&pki.secret_yaml("default", "tls-optout", &["optout.test"]));
+    let ing = |name: &str, annotations: &str, tls: &str| {
+        format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, {tls}rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{name: http}}}}}}}}]}}}}]}}\n"
+        )
+    };
+    m.push_str(&ing(
+        "secure",
+        "",
+        "tls: [{hosts: [secure.test], secretName: tls-secure}], ",
+    ));
+    m.push_str(&ing(
+        "optout",
+        "haproxy.org/ssl-redirect: \"false\"",
+        "tls: [{hosts: [optout.test], secretName: tls-optout}], ",
+    ));
+    m.push_str(&ing("plain", "", ""));
+    let s = Scenario::start("haproxytech-tls-redirect", &m, &[]);
+    let p = &s.proxy;
+    // TLS without any annotation: HTTP answers 302 to the same URL on https; HTTPS serves.
+    let r = p.http("secure.test", "/a/b?c=d");
+    assert_eq!(r.status, 302, "{r:?}");
+    assert_eq!(r.header("location"), Some("https://secure.test/a/b?c=d"));
+    assert_eq!(r.backend(), None, "{r:?}");
+    let r = p.https("secure.test", "/a", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    // ssl-redirect "false" keeps HTTP serving; an Ingress without TLS is not redirected.
+    let r = p.http("optout.test", "/");
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    let r = p.http("plain.test", "/");
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+}

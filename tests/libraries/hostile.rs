@@ -47,7 +47,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "Prefix",
         old,
     ));
-    let attacks: [Attack; 8] = [
+    let attacks: [Attack; 9] = [
         // A header name whose tab and '#' would comment out the rule's scoping condition.
         (
             "hdr",
@@ -110,6 +110,17 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
             "/",
             "Prefix",
         ),
+        // A redirect switch that would add an unscoped rule of its own.
+        (
+            "sslredir",
+            &[(
+                "haproxy.org/ssl-redirect",
+                "true\n  http-request redirect location https://evil.test code 302",
+            )],
+            "sslredir.test",
+            "/",
+            "Prefix",
+        ),
     ];
     for (ns, annotations, host, path, path_type) in attacks {
         let ns = format!("atk-{ns}");
@@ -142,6 +153,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "auth.test",
         "deny.test",
         "slots.test",
+        "sslredir.test",
     ] {
         assert_eq!(p.http(host, "/").status, 404, "{host} must be left out");
     }
@@ -152,6 +164,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         ("auth", "haproxy.org/auth-secret"),
         ("deny", "haproxy.org/denylist"),
         ("slots", "haproxy.org/scale-server-slots"),
+        ("sslredir", "haproxy.org/ssl-redirect"),
         ("thief", "belongs to namespace victim"),
     ] {
         let line = format!("Ingress atk-{ns}/x: left out of the configuration");
