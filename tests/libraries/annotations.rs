@@ -529,3 +529,32 @@ fn haproxytech_tls_ingress_redirects_http_to_https_by_default() {
     let r = p.http("plain.test", "/");
     assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
 }
+
+#[test]
+fn haproxytech_forwarded_for_false_stops_x_forwarded_for_for_its_ingress() {
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    for (name, annotations) in [("on", ""), ("off", "haproxy.org/forwarded-for: \"false\"")] {
+        m.push_str(&format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{name: http}}}}}}}}]}}}}]}}\n"
+        ));
+    }
+    let s = Scenario::start("haproxytech-forwarded-for", &m, &[]);
+    let p = &s.proxy;
+    // By default the backend learns the client's address (curl connects from 127.0.0.0/8).
+    let r = p.http("on.test", "/");
+    assert_eq!(r.backend(), Some("web"), "{r:?}");
+    let xff = r.echoed("header:x-forwarded-for").unwrap_or_default();
+    assert!(xff.starts_with("127."), "{r:?}");
+    // forwarded-for "false": no header is added, and a client's own one passes unchanged.
+    let r = p.http("off.test", "/");
+    assert_eq!(r.backend(), Some("web"), "{r:?}");
+    assert_eq!(r.echoed("header:x-forwarded-for"), None, "{r:?}");
+    let r = p.http_with("off.test", "/", &["-H", "X-Forwarded-For: 192.0.2.7"]);
+    let xff: Vec<&str> = r
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("header:x-forwarded-for="))
+        .collect();
+    assert_eq!(xff, ["192.0.2.7"], "{r:?}");
+}

@@ -47,7 +47,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "Prefix",
         old,
     ));
-    let attacks: [Attack; 9] = [
+    let attacks: [Attack; 10] = [
         // A header name whose tab and '#' would comment out the rule's scoping condition.
         (
             "hdr",
@@ -121,6 +121,13 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
             "/",
             "Prefix",
         ),
+        (
+            "xff",
+            &[("haproxy.org/forwarded-for", "false }\n  option httpclose #")],
+            "xff.test",
+            "/",
+            "Prefix",
+        ),
     ];
     for (ns, annotations, host, path, path_type) in attacks {
         let ns = format!("atk-{ns}");
@@ -154,6 +161,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "deny.test",
         "slots.test",
         "sslredir.test",
+        "xff.test",
     ] {
         assert_eq!(p.http(host, "/").status, 404, "{host} must be left out");
     }
@@ -165,6 +173,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         ("deny", "haproxy.org/denylist"),
         ("slots", "haproxy.org/scale-server-slots"),
         ("sslredir", "haproxy.org/ssl-redirect"),
+        ("xff", "haproxy.org/forwarded-for"),
         ("thief", "belongs to namespace victim"),
     ] {
         let line = format!("Ingress atk-{ns}/x: left out of the configuration");
