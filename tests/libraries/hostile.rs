@@ -47,7 +47,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "Prefix",
         old,
     ));
-    let attacks: [Attack; 10] = [
+    let attacks: [Attack; 11] = [
         // A header name whose tab and '#' would comment out the rule's scoping condition.
         (
             "hdr",
@@ -128,6 +128,17 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
             "/",
             "Prefix",
         ),
+        // A frontend-wide timeout (every tenant's connections), with a line of its own.
+        (
+            "tclient",
+            &[(
+                "haproxy.org/timeout-client",
+                "1ms\n  timeout http-request 1ms",
+            )],
+            "tclient.test",
+            "/",
+            "Prefix",
+        ),
     ];
     for (ns, annotations, host, path, path_type) in attacks {
         let ns = format!("atk-{ns}");
@@ -162,6 +173,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "slots.test",
         "sslredir.test",
         "xff.test",
+        "tclient.test",
     ] {
         assert_eq!(p.http(host, "/").status, 404, "{host} must be left out");
     }
@@ -174,6 +186,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         ("slots", "haproxy.org/scale-server-slots"),
         ("sslredir", "haproxy.org/ssl-redirect"),
         ("xff", "haproxy.org/forwarded-for"),
+        ("tclient", "haproxy.org/timeout-client"),
         ("thief", "belongs to namespace victim"),
     ] {
         let line = format!("Ingress atk-{ns}/x: left out of the configuration");
