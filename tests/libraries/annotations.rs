@@ -558,3 +558,74 @@ fn haproxytech_forwarded_for_false_stops_x_forwarded_for_for_its_ingress() {
         .collect();
     assert_eq!(xff, ["192.0.2.7"], "{r:?}");
 }
+
+#[test]
+fn haproxy_ingress_ssl_passthrough_reaches_the_tls_backend_undecrypted() {
+    let dir = harness::TempDir::new("pki-hi-pt");
+    let pki = harness::Pki::new(dir.path());
+    let (cert, key) = backend_cert(&pki, &["hipt.test", "outside.test"]);
+    let (ip, port) = (unique_loopback(), 9443);
+    let _backend = TlsServer::start(&cert, &key, &ip, port);
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(&tls_service_yaml("tls", &ip, port));
+    // Another namespace's Service, for a newer Ingress that claims the same host.
+    m.push_str(&service_yaml("evil", "tls", &web));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "tls-app", &["app.test"]));
+    let ing = |ns: &str, name: &str, host: &str, ts: &str, annotations: &str| {
+        format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: {ns}, creationTimestamp: \"{ts}\", annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {host}, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: tls, port: {{number: 443}}}}}}}}]}}}}]}}\n"
+        )
+    };
+    let pt = "haproxy-ingress.github.io/ssl-passthrough: \"true\"";
+    m.push_str(&ing(
+        "default",
+        "hipt",
+        "hipt.test",
+        "2024-01-01T00:00:00Z",
+        pt,
+    ));
+    // Clients here connect from 127.0.0.0/8, outside this range.
+    m.push_str(&ing(
+        "default",
+        "outside",
+        "outside.test",
+        "2024-01-01T00:00:01Z",
+        &format!("{pt}, haproxy-ingress.github.io/allowlist-source-range: \"10.0.0.0/8\""),
+    ));
+    m.push_str(&ing(
+        "evil",
+        "thief",
+        "hipt.test",
+        "2024-06-01T00:00:00Z",
+        pt,
+    ));
+    m.push_str(concat!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\n",
+        "metadata: {name: app, namespace: default}\n",
+        "spec: {ingressClassName: haproxy, tls: [{hosts: [app.test], secretName: tls-app}], rules: [{host: app.test, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}}]}\n",
+    ));
+    let s = Scenario::start("haproxy-ingress-passthrough", &m, &[]);
+    let p = &s.proxy;
+    // The backend's own certificate verifies and openssl's status page answers: TLS went
+    // through HAProxy undecrypted, to the Service of the namespace owning the host.
+    let r = p.https("hipt.test", "/", &pki.ca, &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.body.contains("s_server"), "{r:?}");
+    assert_eq!(r.backend(), None, "{r:?}");
+    // Outside the source range: closed before any byte reaches the backend.
+    let r = p.https("outside.test", "/", &pki.ca, &[]);
+    assert_eq!(r.status, 0, "{r:?}");
+    // The other namespace's claim on the host is refused, named.
+    assert!(
+        s.render_output
+            .lines()
+            .any(|l| l.contains("Ingress evil/thief") && l.contains("belongs to namespace default")),
+        "{}",
+        s.render_output
+    );
+    // Other names still terminate in HAProxy (through the loopback) and route normally.
+    let r = p.https("app.test", "/x", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+}

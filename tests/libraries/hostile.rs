@@ -47,7 +47,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "Prefix",
         old,
     ));
-    let attacks: [Attack; 11] = [
+    let attacks: [Attack; 13] = [
         // A header name whose tab and '#' would comment out the rule's scoping condition.
         (
             "hdr",
@@ -139,6 +139,25 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
             "/",
             "Prefix",
         ),
+        // TLS passthrough of the victim's host from another namespace, and a switch that is no
+        // switch.
+        (
+            "ptsteal",
+            &[("haproxy-ingress.github.io/ssl-passthrough", "true")],
+            "victim.test",
+            "/",
+            "Prefix",
+        ),
+        (
+            "ptval",
+            &[(
+                "haproxy-ingress.github.io/ssl-passthrough",
+                "true\n  use_backend ing_victim_site_web_http",
+            )],
+            "ptval.test",
+            "/",
+            "Prefix",
+        ),
     ];
     for (ns, annotations, host, path, path_type) in attacks {
         let ns = format!("atk-{ns}");
@@ -174,6 +193,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "sslredir.test",
         "xff.test",
         "tclient.test",
+        "ptval.test",
     ] {
         assert_eq!(p.http(host, "/").status, 404, "{host} must be left out");
     }
@@ -187,6 +207,8 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         ("sslredir", "haproxy.org/ssl-redirect"),
         ("xff", "haproxy.org/forwarded-for"),
         ("tclient", "haproxy.org/timeout-client"),
+        ("ptsteal", "belongs to namespace victim"),
+        ("ptval", "haproxy-ingress.github.io/ssl-passthrough"),
         ("thief", "belongs to namespace victim"),
     ] {
         let line = format!("Ingress atk-{ns}/x: left out of the configuration");
