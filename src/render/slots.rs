@@ -86,9 +86,11 @@ fn text(v: Option<NodeRef<'_>>) -> &str {
     v.and_then(NodeRef::as_str).unwrap_or("")
 }
 
-/// `server_lines(be_name, svc_ns, svc_name, svc_port, slots=N, default_slots=N, refuse=[CIDR, …])`:
-/// `slots` is a per-backend pool size from tenant data (1–1024, refused otherwise); without it
-/// `default_slots` (the admin's `server_slots`) applies.
+/// `server_lines(be_name, svc_ns, svc_name, svc_port, slots=N, default_slots=N, refuse=[CIDR, …],
+/// cookies=bool)`: `slots` is a per-backend pool size from tenant data (1–1024, refused
+/// otherwise); without it `default_slots` (the admin's `server_slots`) applies. `cookies` gives
+/// every slot the static persistence cookie `cookie SRV_<n>` (its own name: it stays with the
+/// slot when the runtime API moves the slot to another address).
 pub(crate) fn server_lines(
     be_name: &str,
     svc_ns: &str,
@@ -99,6 +101,8 @@ pub(crate) fn server_lines(
     let slots: Option<Value> = options.get("slots")?;
     let default_slots: Option<Value> = options.get("default_slots")?;
     let refuse_ranges: Option<Value> = options.get("refuse")?;
+    let cookies: Option<Value> = options.get("cookies")?;
+    let cookies = cookies.is_some_and(|v| v.is_true());
     options.assert_all_used()?;
     let slots_min = pool_size(slots, default_slots)?;
     for (what, v) in [
@@ -171,7 +175,7 @@ pub(crate) fn server_lines(
         ));
     }
     endpoints.write_notes(&mut out);
-    write_servers(&mut out, &slots);
+    write_servers(&mut out, &slots, cookies);
     Ok(Value::from_safe_string(out))
 }
 
@@ -358,7 +362,7 @@ fn assign_slots(endpoints: &[String], running: &[Server], slots_min: usize) -> V
 }
 
 /// One `server` line per slot: the endpoint, or a disabled placeholder.
-fn write_servers(out: &mut String, slots: &[Option<String>]) {
+fn write_servers(out: &mut String, slots: &[Option<String>], cookies: bool) {
     for (i, slot) in slots.iter().enumerate().skip(1) {
         match slot {
             None => out.push_str(&format!("\n  server SRV_{i} 127.0.0.1:1 disabled")),
@@ -371,12 +375,29 @@ fn write_servers(out: &mut String, slots: &[Option<String>]) {
                 }
             }
         }
+        if cookies {
+            out.push_str(&format!(" cookie SRV_{i}"));
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn static_cookies_name_every_slot() {
+        let slots = [None, Some("10.0.0.1|8080".to_string()), None];
+        let mut out = String::new();
+        write_servers(&mut out, &slots, true);
+        assert_eq!(
+            out,
+            "\n  server SRV_1 10.0.0.1:8080 enabled cookie SRV_1\n  server SRV_2 127.0.0.1:1 disabled cookie SRV_2"
+        );
+        let mut out = String::new();
+        write_servers(&mut out, &slots, false);
+        assert!(!out.contains("cookie"), "{out}");
+    }
 
     #[test]
     fn ranges_contain_what_they_say() {

@@ -629,3 +629,57 @@ fn haproxy_ingress_ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     let r = p.https("app.test", "/x", &pki.ca, &[]);
     assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
 }
+
+/// A Service `web2` with two EndpointSlices, one per echo backend (both on 127.0.0.1).
+fn two_backend_service_yaml(a: &Echo, b: &Echo) -> String {
+    let mut m = String::from("---\napiVersion: v1\nkind: Service\nmetadata: {name: web2, namespace: default}\nspec: {ports: [{name: http, port: 80}]}\n");
+    for (i, e) in [a, b].iter().enumerate() {
+        m.push_str(&format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: web2-{i}, namespace: default, labels: {{kubernetes.io/service-name: web2}}}}\nports: [{{name: http, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n",
+            e.port
+        ));
+    }
+    m
+}
+
+#[test]
+fn static_cookies_pin_a_client_to_a_server_slot_in_both_libraries() {
+    let (a, b) = (Echo::start("a"), Echo::start("b"));
+    let mut m = two_backend_service_yaml(&a, &b);
+    for (name, annotations) in [
+        ("tech", "haproxy.org/cookie-persistence-no-dynamic: SRVID"),
+        (
+            "hi",
+            "haproxy-ingress.github.io/affinity: cookie, haproxy-ingress.github.io/session-cookie-name: SID, haproxy-ingress.github.io/session-cookie-dynamic: \"false\"",
+        ),
+    ] {
+        m.push_str(&format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web2, port: {{name: http}}}}}}}}]}}}}]}}\n"
+        ));
+    }
+    let s = Scenario::start("static-cookies", &m, &[]);
+    let p = &s.proxy;
+    for (host, cookie) in [("tech.test", "SRVID"), ("hi.test", "SID")] {
+        // Without a cookie, the answer sets one naming the server's slot.
+        let r = p.http(host, "/");
+        let set = r.header("set-cookie").unwrap_or_default().to_string();
+        let value = set
+            .strip_prefix(&format!("{cookie}="))
+            .and_then(|v| v.split(';').next())
+            .unwrap_or_default()
+            .to_string();
+        assert!(value == "SRV_1" || value == "SRV_2", "{host}: {r:?}");
+        let first = r.backend().unwrap_or_default().to_string();
+        // With it, every request goes to the same server; the other slot's cookie to the other.
+        for _ in 0..4 {
+            let r = p.http_with(host, "/", &["-b", &format!("{cookie}={value}")]);
+            assert_eq!(r.backend(), Some(first.as_str()), "{host}: {r:?}");
+        }
+        let other = if value == "SRV_1" { "SRV_2" } else { "SRV_1" };
+        let r = p.http_with(host, "/", &["-b", &format!("{cookie}={other}")]);
+        assert!(
+            r.backend().is_some() && r.backend() != Some(first.as_str()),
+            "{host}: {r:?}"
+        );
+    }
+}

@@ -47,7 +47,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "Prefix",
         old,
     ));
-    let attacks: [Attack; 13] = [
+    let attacks: [Attack; 15] = [
         // A header name whose tab and '#' would comment out the rule's scoping condition.
         (
             "hdr",
@@ -158,6 +158,30 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
             "/",
             "Prefix",
         ),
+        // Cookie names that would end the cookie directive and add words or lines.
+        (
+            "scookie",
+            &[(
+                "haproxy.org/cookie-persistence-no-dynamic",
+                "SRV insert\n  use_backend ing_victim_site_web_http",
+            )],
+            "scookie.test",
+            "/",
+            "Prefix",
+        ),
+        (
+            "hidyn",
+            &[
+                ("haproxy-ingress.github.io/affinity", "cookie"),
+                (
+                    "haproxy-ingress.github.io/session-cookie-dynamic",
+                    "false }",
+                ),
+            ],
+            "hidyn.test",
+            "/",
+            "Prefix",
+        ),
     ];
     for (ns, annotations, host, path, path_type) in attacks {
         let ns = format!("atk-{ns}");
@@ -194,6 +218,8 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "xff.test",
         "tclient.test",
         "ptval.test",
+        "scookie.test",
+        "hidyn.test",
     ] {
         assert_eq!(p.http(host, "/").status, 404, "{host} must be left out");
     }
@@ -209,6 +235,8 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         ("tclient", "haproxy.org/timeout-client"),
         ("ptsteal", "belongs to namespace victim"),
         ("ptval", "haproxy-ingress.github.io/ssl-passthrough"),
+        ("scookie", "haproxy.org/cookie-persistence-no-dynamic"),
+        ("hidyn", "haproxy-ingress.github.io/session-cookie-dynamic"),
         ("thief", "belongs to namespace victim"),
     ] {
         let line = format!("Ingress atk-{ns}/x: left out of the configuration");
