@@ -843,3 +843,142 @@ spec:
         "{message}"
     );
 }
+
+fn tls_route(ns: &str, name: &str, ts: &str, spec: &str) -> String {
+    format!(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: TLSRoute\nmetadata: {{name: {name}, namespace: {ns}, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n{spec}"
+    )
+}
+
+#[test]
+fn tls_routes_pass_raw_tls_through_by_sni() {
+    let dir = harness::TempDir::new("pki-gw-tlsroute");
+    let pki = harness::Pki::new(dir.path());
+    // The backend's own certificate: clients verify it through HAProxy, so TLS was not
+    // terminated there.
+    let (cert, key) = pki.server_files("db", &["db.test", "x.wild.test"]);
+    let (ip, port) = (harness::unique_loopback(), 9443);
+    let _db = harness::TlsServer::start(&cert, &key, &ip, port);
+    let web = Echo::start("web");
+    let mut m = harness::tls_service_yaml_in("team", "db", &ip, port);
+    m.push_str(&harness::tls_service_yaml_in("other", "db", &ip, port));
+    m.push_str(&service_yaml("default", "web", &web));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "secure-cert", &["secure.wild.test"]));
+    m.push_str(&gateway_yaml(
+        "tls",
+        r#"    - {name: pt, protocol: TLS, port: 443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: pt-wild, protocol: TLS, port: 443, hostname: "*.wild.test", tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: secure, protocol: HTTPS, port: 443, hostname: secure.wild.test, tls: {certificateRefs: [{name: secure-cert}]}}
+"#,
+    ));
+    let pt = |listener: &str, hosts: &str, backend_ns: &str| {
+        format!("  parentRefs: [{{name: tls, namespace: default, sectionName: {listener}}}]\n  hostnames: [{hosts}]\n  rules: [{{backendRefs: [{{name: db, namespace: {backend_ns}, port: 443}}]}}]\n")
+    };
+    m.push_str(&tls_route(
+        "team",
+        "db",
+        "2024-01-01T00:00:00Z",
+        &pt("pt", "db.test", "team"),
+    ));
+    m.push_str(&tls_route(
+        "team",
+        "wild",
+        "2024-01-02T00:00:00Z",
+        &pt("pt-wild", "\"*.wild.test\"", "team"),
+    ));
+    // Another namespace's Service without a ReferenceGrant: connections are rejected.
+    m.push_str(&tls_route(
+        "team",
+        "nogrant",
+        "2024-01-03T00:00:00Z",
+        &pt("pt", "nogrant.test", "other"),
+    ));
+    // A newer route of another namespace for a name team claimed first: left out.
+    m.push_str(&tls_route(
+        "thief",
+        "db",
+        "2024-02-01T00:00:00Z",
+        &pt("pt", "db.test", "thief"),
+    ));
+    m.push_str(&route(
+        "default",
+        "secure",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: tls, sectionName: secure}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
+    ));
+    let s = Scenario::start("gateway-tlsroute", &m, &[]);
+    let p = &s.proxy;
+    let passed_through = |sni: &str| {
+        let r = p.https(sni, "/", &pki.ca, &[]);
+        r.status == 200 && r.body.contains("s_server") && r.backend().is_none()
+    };
+    // Exact and wildcard names reach the TLS backend undecrypted (its certificate verifies).
+    assert!(passed_through("db.test"));
+    assert!(passed_through("x.wild.test"));
+    assert_eq!(served_certificate(p, Some("db.test")), "db.test");
+    // A name of the HTTPS listener under the wildcard is terminated in HAProxy and routed.
+    let r = p.https("secure.wild.test", "/", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    // A name no TLSRoute has is not passed through: HAProxy terminates it with its default
+    // certificate, and nothing routes it.
+    assert_eq!(
+        served_certificate(p, Some("unknown.test")),
+        "default.invalid"
+    );
+    let r = p.https("unknown.test", "/", &pki.ca, &["-k"]);
+    assert_eq!(
+        (r.status, r.body.contains("s_server")),
+        (404, false),
+        "{r:?}"
+    );
+    // An unresolvable backendRef: the connection is closed, no TLS session at all.
+    let r = p.https("nogrant.test", "/", &pki.ca, &["-k"]);
+    assert_eq!(r.status, 0, "{r:?}");
+    // Statuses.
+    let out = &s.render_output;
+    let st = status_of(out, "TLSRoute", "team/db").expect("TLSRoute status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "Accepted"),
+        pair("True", "Accepted")
+    );
+    let st = status_of(out, "TLSRoute", "team/nogrant").expect("status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "ResolvedRefs"),
+        pair("False", "RefNotPermitted")
+    );
+    let st = status_of(out, "TLSRoute", "thief/db").expect("status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "Accepted"),
+        pair("False", "UnsupportedValue")
+    );
+    assert!(
+        out.contains("TLSRoute thief/db")
+            && out.contains(
+                "host db.test belongs to namespace team (TLSRoute team/db claimed it first)"
+            ),
+        "{out}"
+    );
+    let gw = status_of(out, "Gateway", "default/tls").expect("Gateway status");
+    let listeners: Vec<(&str, i64, &str)> = gw["listeners"]
+        .as_array()
+        .expect("listeners")
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap_or_default(),
+                l["attachedRoutes"].as_i64().unwrap_or(-1),
+                l["supportedKinds"][0]["kind"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listeners,
+        [
+            ("pt", 2, "TLSRoute"),
+            ("pt-wild", 1, "TLSRoute"),
+            ("secure", 1, "HTTPRoute")
+        ],
+        "{gw}"
+    );
+}

@@ -487,3 +487,63 @@ impl Scenario {
         }
     }
 }
+
+/// `openssl s_server -www` on an address of its own: a TLS backend that answers every request
+/// with openssl's status page (its body names `s_server`). Killed on drop.
+pub struct TlsServer(Child);
+
+impl TlsServer {
+    pub fn start(cert: &Path, key: &Path, ip: &str, port: u16) -> TlsServer {
+        let child = Command::new("openssl")
+            .args(["s_server", "-quiet", "-www", "-accept"])
+            .arg(format!("{ip}:{port}"))
+            .arg("-cert")
+            .arg(cert)
+            .arg("-key")
+            .arg(key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .tied()
+            .spawn()
+            .expect("start openssl s_server");
+        let server = TlsServer(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect((ip, port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "openssl s_server did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Pki {
+    /// A leaf certificate for `names` written as the two files `openssl s_server` reads:
+    /// (certificate, key).
+    pub fn server_files(&self, id: &str, names: &[&str]) -> (PathBuf, PathBuf) {
+        let (crt, key) = self.leaf(id, names);
+        let (cert_file, key_file) = (
+            self.dir.join(format!("{id}-server.pem")),
+            self.dir.join(format!("{id}-server.key.pem")),
+        );
+        std::fs::write(&cert_file, crt).expect("write server certificate");
+        std::fs::write(&key_file, key).expect("write server key");
+        (cert_file, key_file)
+    }
+}
+
+/// YAML for a Service `ns/name` with one port `https` (443) and an EndpointSlice pointing at a
+/// TLS server on `ip:port`.
+pub fn tls_service_yaml_in(ns: &str, name: &str, ip: &str, port: u16) -> String {
+    format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: {name}}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n")
+}
