@@ -683,3 +683,48 @@ fn static_cookies_pin_a_client_to_a_server_slot_in_both_libraries() {
         );
     }
 }
+
+#[test]
+fn haproxytech_route_acl_sends_matching_requests_to_its_service_within_its_namespace() {
+    let (web, canary, web2, canary2) = (
+        Echo::start("web"),
+        Echo::start("canary"),
+        Echo::start("web2"),
+        Echo::start("canary2"),
+    );
+    let acl = "metadata: {name: canary, namespace: NS, annotations: {haproxy.org/route-acl: \"cookie(staging) -m found\"}}";
+    let annotated = |ns: &str, echo: &Echo| {
+        service_yaml(ns, "canary", echo).replacen(
+            &format!("metadata: {{name: canary, namespace: {ns}}}"),
+            &acl.replace("NS", ns),
+            1,
+        )
+    };
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(&annotated("default", &canary));
+    m.push_str(&service_yaml("tenant2", "web", &web2));
+    m.push_str(&annotated("tenant2", &canary2));
+    let path = |svc: &str| {
+        format!("{{path: /, pathType: Prefix, backend: {{service: {{name: {svc}, port: {{name: http}}}}}}}}")
+    };
+    for (ns, host) in [("default", "app.test"), ("tenant2", "t2.test")] {
+        m.push_str(&format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: app, namespace: {ns}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {host}, http: {{paths: [{}, {}]}}}}]}}\n",
+            path("web"),
+            path("canary")
+        ));
+    }
+    let s = Scenario::start("haproxytech-route-acl", &m, &[]);
+    let p = &s.proxy;
+    // Without the cookie the first path's Service answers; with it, the route-acl Service.
+    assert_eq!(p.http("app.test", "/x").backend(), Some("web"));
+    let r = p.http_with("app.test", "/x", &["-b", "staging=1"]);
+    assert_eq!(r.backend(), Some("canary"), "{r:?}");
+    // Each namespace's condition re-routes its own traffic only.
+    assert_eq!(p.http("t2.test", "/").backend(), Some("web2"));
+    let r = p.http_with("t2.test", "/", &["-b", "staging=1"]);
+    assert_eq!(r.backend(), Some("canary2"), "{r:?}");
+    // An unknown host with the cookie is nobody's traffic: still 404.
+    let r = p.http_with("nobody.test", "/", &["-b", "staging=1"]);
+    assert_eq!(r.status, 404, "{r:?}");
+}

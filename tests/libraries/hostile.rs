@@ -188,6 +188,26 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         m.push_str(&service_yaml(&ns, "web", &evil));
         m.push_str(&ingress(&ns, "x", host, annotations, path, path_type, new));
     }
+    // route-acl lives on a Service: a hostile condition, and a valid one true for every request
+    // (each tenant's own Service and host).
+    for (ns, host, acl) in [
+        (
+            "atk-racl",
+            "racl.test",
+            "cookie(x) -m found } || { always_true",
+        ),
+        ("atk-rogue", "rogue.test", "hdr(host) -m found"),
+    ] {
+        m.push_str(&service_yaml(ns, "web", &evil).replacen(
+            &format!("metadata: {{name: web, namespace: {ns}}}"),
+            &format!(
+                "metadata: {{name: web, namespace: {ns}, annotations: {{haproxy.org/route-acl: {}}}}}",
+                serde_json::to_string(acl).expect("json string")
+            ),
+            1,
+        ));
+        m.push_str(&ingress(ns, "x", host, &[], "/", "Prefix", new));
+    }
     let s = Scenario::start("hostile", &m, &[]);
     let p = &s.proxy;
 
@@ -206,6 +226,8 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
     assert_eq!(p.http("regex.test", "/x").backend(), Some("evil"));
     assert_eq!(p.http("regex.test", "/y").backend(), Some("evil"));
     assert_eq!(p.http("unknown.test", "/x").status, 404);
+    // A condition true for every request re-routes only its own tenant's traffic.
+    assert_eq!(p.http("rogue.test", "/").backend(), Some("evil"));
     // Every other attacker is left out whole, named with its field.
     for host in [
         "hdr.test",
@@ -220,6 +242,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "ptval.test",
         "scookie.test",
         "hidyn.test",
+        "racl.test",
     ] {
         assert_eq!(p.http(host, "/").status, 404, "{host} must be left out");
     }
@@ -237,6 +260,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         ("ptval", "haproxy-ingress.github.io/ssl-passthrough"),
         ("scookie", "haproxy.org/cookie-persistence-no-dynamic"),
         ("hidyn", "haproxy-ingress.github.io/session-cookie-dynamic"),
+        ("racl", "haproxy.org/route-acl"),
         ("thief", "belongs to namespace victim"),
     ] {
         let line = format!("Ingress atk-{ns}/x: left out of the configuration");
