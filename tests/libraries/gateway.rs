@@ -982,3 +982,58 @@ fn tls_routes_pass_raw_tls_through_by_sni() {
         "{gw}"
     );
 }
+
+#[test]
+fn gateway_route_ignored_retry_and_session_persistence_are_reported() {
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(GATEWAYS);
+    m.push_str(&route(
+        "default",
+        "ignored",
+        "2024-01-01T00:00:00Z",
+        r#"  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [ignored.test]
+  rules:
+    - matches: [{path: {type: PathPrefix, value: /retry}}]
+      retry: {codes: [503], attempts: 2}
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /sticky}}]
+      sessionPersistence: {type: Cookie, sessionName: sticky}
+      backendRefs: [{name: web, port: 80}]
+"#,
+    ));
+    m.push_str(&route(
+        "default",
+        "plain",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: gw, sectionName: http}]\n  hostnames: [plain.test]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
+    ));
+    let s = Scenario::start("gateway-ignored-fields", &m, &[]);
+    let p = &s.proxy;
+    // The rules route as if the fields were absent: no cookie is set, the backend answers.
+    for path in ["/retry", "/sticky"] {
+        let r = p.http("ignored.test", path);
+        assert_eq!((r.status, r.backend()), (200, Some("web")), "{path}: {r:?}");
+        assert_eq!(r.header("set-cookie"), None, "{path}: {r:?}");
+    }
+    // The route stays Accepted, with a reason and a message naming each ignored field.
+    let st = status_of(&s.render_output, "HTTPRoute", "default/ignored").expect("status");
+    let conditions = &st["parents"][0]["conditions"];
+    assert_eq!(
+        condition(conditions, "Accepted"),
+        pair("True", "UnsupportedField")
+    );
+    let message = conditions[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("rule 0: retry is not supported and is ignored")
+            && message.contains("rule 1: sessionPersistence is not supported and is ignored"),
+        "{message}"
+    );
+    // A route without them keeps the plain reason.
+    let st = status_of(&s.render_output, "HTTPRoute", "default/plain").expect("status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "Accepted"),
+        pair("True", "Accepted")
+    );
+}
