@@ -123,12 +123,18 @@ fn main() {
     let slices = ResourceRef::new("discovery.k8s.io/v1", "endpointslices", true);
     let leader = c.leader_index().expect("a leader");
     let leader_name = c.controllers[leader].name.clone();
+    // Each sample is an isolated change: it starts after the previous one has settled for
+    // longer than the config's debounceInterval (50 ms) or, for reloads, its
+    // minDeploymentInterval (500 ms), which would otherwise hold it back on purpose (the
+    // burst below measures back-to-back changes).
+    let (runtime_gap, reload_gap) = (Duration::from_millis(100), Duration::from_millis(600));
     let phase = |standby: &str, c: &Cluster, offset: usize| {
         let log_start = c.controller_log(&leader_name).len();
         // Runtime class: move the endpoint between two backends with one EndpointSlice update.
         let mut runtime = Vec::new();
         for i in 0..changes {
             let (target, name) = if i % 2 == 0 { (&b, "b") } else { (&a, "a") };
+            std::thread::sleep(runtime_gap);
             let started = Instant::now();
             let patch =
                 json!({"ports": [{"name": "http", "port": target.port, "protocol": "TCP"}]});
@@ -137,6 +143,13 @@ fn main() {
                 .unwrap();
             wait(c, "web.example.com", name);
             runtime.push(started.elapsed());
+            if std::env::var_os("BENCH_PHASE_LOG").is_some() {
+                println!(
+                    "{} served after {:?}",
+                    haptic_agent::time::now_rfc3339_millis(),
+                    started.elapsed()
+                );
+            }
         }
         report(
             &format!("endpointslice_change (runtime) ingresses={ingresses} standby={standby}"),
@@ -144,12 +157,16 @@ fn main() {
         );
         let log = c.controller_log(&leader_name);
         breakdown(&format!("runtime standby={standby}"), &log[log_start..]);
+        if std::env::var_os("BENCH_PHASE_LOG").is_some() {
+            println!("{}", &log[log_start..]);
+        }
         let log_start = log.len();
         // Reload class: a new Ingress for a new Service adds a backend.
         let mut reload = Vec::new();
         for i in offset..offset + changes.min(30) {
             let svc = format!("new-{i}");
             c.create_service(&svc, &[&a]);
+            std::thread::sleep(reload_gap);
             let started = Instant::now();
             c.client
                 .create(

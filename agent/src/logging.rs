@@ -34,7 +34,7 @@ pub fn init(level: LevelFilter) {
             writeln!(
                 out,
                 "{} {:<5} {}: {}",
-                crate::state::now_rfc3339(),
+                crate::time::now_rfc3339_millis(),
                 record.level(),
                 record.target(),
                 record.args()

@@ -11,6 +11,17 @@ pub fn now_rfc3339() -> String {
     rfc3339(secs)
 }
 
+/// The current time as RFC 3339 UTC with milliseconds (`2026-12-02T19:38:34.123Z`), for log
+/// lines: the latency of a change is tens of milliseconds, so seconds cannot order its steps.
+pub fn now_rfc3339_millis() -> String {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let secs = rfc3339(millis / 1000);
+    format!("{}.{:03}Z", secs.trim_end_matches('Z'), millis % 1000)
+}
+
 /// Seconds since the epoch as RFC 3339 UTC.
 pub fn rfc3339(secs: u64) -> String {
     let days = (secs / 86_400) as i64;
@@ -42,5 +53,15 @@ mod tests {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(rfc3339(1_796_240_314), "2026-12-02T19:38:34Z");
+    }
+
+    #[test]
+    fn log_timestamps_carry_milliseconds() {
+        let t = now_rfc3339_millis();
+        // 2026-12-02T19:38:34.123Z
+        assert_eq!(t.len(), 24, "{t}");
+        assert_eq!(&t[19..20], ".", "{t}");
+        assert!(t[20..23].bytes().all(|b| b.is_ascii_digit()), "{t}");
+        assert!(t.ends_with('Z'), "{t}");
     }
 }
