@@ -1037,3 +1037,224 @@ fn gateway_route_ignored_retry_and_session_persistence_are_reported() {
         pair("True", "Accepted")
     );
 }
+
+/// The status the render declared for one object of group/version `api`, parsed.
+fn status_in(render_output: &str, api: &str, kind: &str, id: &str) -> Option<Value> {
+    let prefix = format!("status {api} {kind} {id}: ");
+    render_output
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|json| serde_json::from_str(json).expect("status JSON"))
+}
+
+/// The status entry of listener `name` in a Gateway status.
+fn listener<'a>(gateway: &'a Value, name: &str) -> &'a Value {
+    gateway["listeners"]
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["name"] == name))
+        .unwrap_or_else(|| panic!("no listener {name} in {gateway}"))
+}
+
+fn kinds_of(listener: &Value) -> Vec<String> {
+    listener["supportedKinds"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|k| k["kind"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn gateway_http_listener_on_another_port_serves_its_routes() {
+    let (alt, main) = (Echo::start("alt"), Echo::start("main"));
+    let mut m = service_yaml("team", "alt", &alt);
+    m.push_str(&service_yaml("team", "main", &main));
+    // creationTimestamps decide which Gateway's listener claims a port first (the oldest).
+    m.push_str(&gateway_yaml("ports", "").replace(
+        "namespace: default}",
+        "namespace: default, creationTimestamp: \"2024-01-01T00:00:00Z\"}",
+    ));
+    m.push_str(
+        r#"    - {name: main, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: All}}}
+    - {name: alt, protocol: HTTP, port: 9080, allowedRoutes: {namespaces: {from: All}}}
+    - {name: status, protocol: HTTP, port: 8404}
+    - {name: low, protocol: HTTP, port: 81}
+    - {name: https-alt, protocol: HTTPS, port: 9444, tls: {certificateRefs: [{name: nope}]}}
+"#,
+    );
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: later, namespace: other, creationTimestamp: \"2030-01-01T00:00:00Z\"}\nspec:\n  gatewayClassName: haproxy\n  listeners: [{name: tcp-on-9080, protocol: TCP, port: 9080}]\n");
+    for (name, parent, backend) in [
+        (
+            "alt",
+            "{name: ports, namespace: default, port: 9080}",
+            "alt",
+        ),
+        (
+            "main",
+            "{name: ports, namespace: default, sectionName: main}",
+            "main",
+        ),
+        (
+            "wrong",
+            "{name: ports, namespace: default, port: 9999}",
+            "alt",
+        ),
+    ] {
+        m.push_str(&route(
+            "team",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{parent}]\n  hostnames: [alt.test]\n  rules: [{{backendRefs: [{{name: {backend}, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-other-port", &m, &[]);
+    let p = &s.proxy;
+    let on = |port: u16, host: &str| {
+        let r = harness::get(
+            &format!("http://{}:{port}/", p.ports.ip),
+            &["-H", &format!("Host: {host}")],
+        );
+        (r.status, r.backend().unwrap_or("").to_string())
+    };
+    // The listener on 9080 has a frontend of its own with the route attached by parentRef.port;
+    // the fixed HTTP frontend (public port 80) serves the route attached to the port-80 listener.
+    assert_eq!(on(9080, "alt.test"), pair_n(200, "alt"));
+    assert_eq!(on(p.ports.http, "alt.test"), pair_n(200, "main"));
+    assert_eq!(on(9080, "other.test"), pair_n(404, ""));
+    // Refused ports are not bound.
+    assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 81)).is_err());
+    assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 9444)).is_err());
+
+    let gw = status_of(&s.render_output, "Gateway", "default/ports").expect("Gateway status");
+    let l = listener(&gw, "alt");
+    assert_eq!(
+        condition(&l["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+    assert_eq!(l["attachedRoutes"], 1, "{l}");
+    assert_eq!(kinds_of(l), ["HTTPRoute", "GRPCRoute"]);
+    for name in ["status", "low", "https-alt"] {
+        let l = listener(&gw, name);
+        assert_eq!(
+            condition(&l["conditions"], "Accepted"),
+            pair("False", "PortUnavailable"),
+            "{l}"
+        );
+        assert_eq!(condition(&l["conditions"], "Programmed").0, "False", "{l}");
+    }
+    let msg = |name: &str| {
+        listener(&gw, name)["conditions"][0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        msg("status").contains("port 8404 is reserved"),
+        "{}",
+        msg("status")
+    );
+    assert!(
+        msg("low").contains("gateway_listener_ports"),
+        "{}",
+        msg("low")
+    );
+    // The newer Gateway asking for TCP on the HTTP port is Conflicted and not programmed.
+    let later = status_of(&s.render_output, "Gateway", "other/later").expect("Gateway status");
+    let l = listener(&later, "tcp-on-9080");
+    assert_eq!(
+        condition(&l["conditions"], "Conflicted"),
+        pair("True", "ProtocolConflict")
+    );
+    assert_eq!(condition(&l["conditions"], "Programmed").0, "False");
+    // A parentRef.port no listener has attaches nowhere.
+    let st = status_of(&s.render_output, "HTTPRoute", "team/wrong").expect("route status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "Accepted"),
+        pair("False", "NoMatchingParent")
+    );
+}
+
+#[test]
+fn gateway_tcp_routes_carry_raw_tcp_bytes() {
+    let (db, db2) = (
+        harness::TcpEcho::start("db"),
+        harness::TcpEcho::start("db2"),
+    );
+    let mut m = harness::tcp_service_yaml("team", "db", 5432, db.port);
+    m.push_str(&harness::tcp_service_yaml("team", "db2", 5432, db2.port));
+    m.push_str(&harness::tcp_service_yaml("other", "db2", 5432, db2.port));
+    m.push_str(&gateway_yaml(
+        "tcp",
+        r#"    - {name: tcp, protocol: TCP, port: 9000, allowedRoutes: {namespaces: {from: All}}}
+    - {name: nogrant, protocol: TCP, port: 9001, allowedRoutes: {namespaces: {from: All}}}
+    - {name: empty, protocol: TCP, port: 9002}
+"#,
+    ));
+    for (name, ts, section, backend) in [
+        (
+            "db",
+            "2024-01-01T00:00:00Z",
+            "tcp",
+            "{name: db, port: 5432}",
+        ),
+        (
+            "late",
+            "2024-06-01T00:00:00Z",
+            "tcp",
+            "{name: db2, port: 5432}",
+        ),
+        (
+            "nogrant",
+            "2024-01-02T00:00:00Z",
+            "nogrant",
+            "{name: db2, namespace: other, port: 5432}",
+        ),
+    ] {
+        m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {{name: {name}, namespace: team, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n  parentRefs: [{{name: tcp, namespace: default, sectionName: {section}}}]\n  rules: [{{backendRefs: [{backend}]}}]\n"));
+    }
+    let s = Scenario::start("gateway-tcproute", &m, &[]);
+    let ip = s.proxy.ports.ip.as_str();
+    // The oldest TCPRoute on the listener carries the bytes, both ways, undecoded.
+    assert_eq!(
+        harness::tcp_exchange(ip, 9000, b"\x00raw\r\nbytes", 15),
+        b"db:\x00raw\r\nbytes"
+    );
+    // A backendRef to another namespace without ReferenceGrant, and a listener without a
+    // route: the connection is closed without reaching any backend.
+    assert_eq!(harness::tcp_exchange(ip, 9001, b"hello", 9), b"");
+    assert_eq!(harness::tcp_exchange(ip, 9002, b"hello", 9), b"");
+
+    let api = "gateway.networking.k8s.io/v1alpha2";
+    let st = status_in(&s.render_output, api, "TCPRoute", "team/db").expect("status");
+    let c = &st["parents"][0]["conditions"];
+    assert_eq!(condition(c, "Accepted"), pair("True", "Accepted"));
+    assert_eq!(condition(c, "ResolvedRefs"), pair("True", "ResolvedRefs"));
+    let st = status_in(&s.render_output, api, "TCPRoute", "team/late").expect("status");
+    let c = &st["parents"][0]["conditions"];
+    assert_eq!(
+        condition(c, "Accepted"),
+        pair("False", "NotAllowedByListeners")
+    );
+    assert!(
+        c[0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("team/db"),
+        "{c}"
+    );
+    let st = status_in(&s.render_output, api, "TCPRoute", "team/nogrant").expect("status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "ResolvedRefs"),
+        pair("False", "RefNotPermitted")
+    );
+    let gw = status_of(&s.render_output, "Gateway", "default/tcp").expect("Gateway status");
+    let l = listener(&gw, "tcp");
+    assert_eq!(l["attachedRoutes"], 1, "{l}");
+    assert_eq!(kinds_of(l), ["TCPRoute"]);
+    assert_eq!(
+        condition(&l["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+}
