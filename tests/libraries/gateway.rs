@@ -1081,7 +1081,7 @@ fn gateway_http_listener_on_another_port_serves_its_routes() {
     - {name: alt, protocol: HTTP, port: 9080, allowedRoutes: {namespaces: {from: All}}}
     - {name: status, protocol: HTTP, port: 8404}
     - {name: low, protocol: HTTP, port: 81}
-    - {name: https-alt, protocol: HTTPS, port: 9444, tls: {certificateRefs: [{name: nope}]}}
+    - {name: tls-alt, protocol: TLS, port: 9444, tls: {mode: Passthrough}}
 "#,
     );
     m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: later, namespace: other, creationTimestamp: \"2030-01-01T00:00:00Z\"}\nspec:\n  gatewayClassName: haproxy\n  listeners: [{name: tcp-on-9080, protocol: TCP, port: 9080}]\n");
@@ -1135,7 +1135,7 @@ fn gateway_http_listener_on_another_port_serves_its_routes() {
     );
     assert_eq!(l["attachedRoutes"], 1, "{l}");
     assert_eq!(kinds_of(l), ["HTTPRoute", "GRPCRoute"]);
-    for name in ["status", "low", "https-alt"] {
+    for name in ["status", "low", "tls-alt"] {
         let l = listener(&gw, name);
         assert_eq!(
             condition(&l["conditions"], "Accepted"),
@@ -1257,4 +1257,74 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
         condition(&l["conditions"], "Programmed"),
         pair("True", "Programmed")
     );
+}
+
+#[test]
+fn gateway_https_listeners_on_another_port_serve_their_own_certificates() {
+    let dir = harness::TempDir::new("pki-gw-other-port");
+    let pki = harness::Pki::new(dir.path());
+    let (a, any, fixed) = (Echo::start("a"), Echo::start("any"), Echo::start("fixed"));
+    let mut m = service_yaml("default", "a", &a);
+    m.push_str(&service_yaml("default", "any", &any));
+    m.push_str(&service_yaml("default", "fixed", &fixed));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "a-cert", &["a.alt.test", "b.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "any-cert", &["any.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "fixed-cert", &["fixed.test"]));
+    m.push_str(&gateway_yaml(
+        "alt",
+        r#"    - {name: a, protocol: HTTPS, port: 10443, hostname: a.alt.test, tls: {certificateRefs: [{name: a-cert}]}}
+    - {name: any, protocol: HTTPS, port: 10443, tls: {certificateRefs: [{name: any-cert}]}}
+    - {name: fixed, protocol: HTTPS, port: 443, hostname: fixed.test, tls: {certificateRefs: [{name: fixed-cert}]}}
+"#,
+    ));
+    for name in ["a", "any", "fixed"] {
+        m.push_str(&route(
+            "default",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: alt, sectionName: {name}}}]\n  rules: [{{backendRefs: [{{name: {name}, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-https-other-port", &m, &[]);
+    let ip = s.proxy.ports.ip.clone();
+    let ca = pki.ca.display().to_string();
+    // curl verifies the certificate against the test CA for the name it asked for.
+    let call = |port: u16, sni: &str, host: &str| {
+        let resolve = format!("{sni}:{port}:{ip}");
+        let header = format!("Host: {host}");
+        let r = harness::get(
+            &format!("https://{sni}:{port}/"),
+            &["--resolve", &resolve, "--cacert", &ca, "-H", &header],
+        );
+        (r.status, r.backend().unwrap_or("").to_string())
+    };
+    // The listener's certificate on its port, and its routes.
+    assert_eq!(call(10443, "a.alt.test", "a.alt.test"), pair_n(200, "a"));
+    // The host-less listener of the port serves its certificate for names nobody claims, and
+    // its routes answer them.
+    assert_eq!(
+        call(10443, "any.alt.test", "any.alt.test"),
+        pair_n(200, "any")
+    );
+    // A name the a listener claims through its TLS connection, asked with another Host: 421.
+    assert_eq!(call(10443, "a.alt.test", "any.alt.test"), pair_n(421, ""));
+    // Certificates stay on their port: the fixed HTTPS frontend does not serve a.alt.test's
+    // (verification fails), the port-10443 frontend does not serve fixed.test's, and the
+    // fixed listener keeps working on the fixed frontend.
+    assert_eq!(call(s.proxy.ports.https, "a.alt.test", "a.alt.test").0, 0);
+    assert_eq!(call(10443, "fixed.test", "fixed.test").0, 0);
+    assert_eq!(
+        call(s.proxy.ports.https, "fixed.test", "fixed.test"),
+        pair_n(200, "fixed")
+    );
+    let gw = status_of(&s.render_output, "Gateway", "default/alt").expect("Gateway status");
+    for name in ["a", "any", "fixed"] {
+        let l = listener(&gw, name);
+        assert_eq!(
+            condition(&l["conditions"], "Programmed"),
+            pair("True", "Programmed"),
+            "{l}"
+        );
+    }
 }
