@@ -1081,7 +1081,7 @@ fn gateway_http_listener_on_another_port_serves_its_routes() {
     - {name: alt, protocol: HTTP, port: 9080, allowedRoutes: {namespaces: {from: All}}}
     - {name: status, protocol: HTTP, port: 8404}
     - {name: low, protocol: HTTP, port: 81}
-    - {name: tls-alt, protocol: TLS, port: 9444, tls: {mode: Passthrough}}
+    - {name: webhook, protocol: HTTP, port: 9443}
 "#,
     );
     m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: later, namespace: other, creationTimestamp: \"2030-01-01T00:00:00Z\"}\nspec:\n  gatewayClassName: haproxy\n  listeners: [{name: tcp-on-9080, protocol: TCP, port: 9080}]\n");
@@ -1125,7 +1125,7 @@ fn gateway_http_listener_on_another_port_serves_its_routes() {
     assert_eq!(on(9080, "other.test"), pair_n(404, ""));
     // Refused ports are not bound.
     assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 81)).is_err());
-    assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 9444)).is_err());
+    assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 9443)).is_err());
 
     let gw = status_of(&s.render_output, "Gateway", "default/ports").expect("Gateway status");
     let l = listener(&gw, "alt");
@@ -1135,7 +1135,7 @@ fn gateway_http_listener_on_another_port_serves_its_routes() {
     );
     assert_eq!(l["attachedRoutes"], 1, "{l}");
     assert_eq!(kinds_of(l), ["HTTPRoute", "GRPCRoute"]);
-    for name in ["status", "low", "tls-alt"] {
+    for name in ["status", "low", "webhook"] {
         let l = listener(&gw, name);
         assert_eq!(
             condition(&l["conditions"], "Accepted"),
@@ -1327,4 +1327,52 @@ fn gateway_https_listeners_on_another_port_serve_their_own_certificates() {
             "{l}"
         );
     }
+}
+
+#[test]
+fn gateway_tls_listener_on_another_port_passes_raw_tls_through() {
+    let dir = harness::TempDir::new("pki-gw-tls-other-port");
+    let pki = harness::Pki::new(dir.path());
+    let (cert, key) = pki.server_files("db", &["db.alt.test", "x.wild.alt.test"]);
+    let (ip, port) = (harness::unique_loopback(), 9443);
+    let _db = harness::TlsServer::start(&cert, &key, &ip, port);
+    let mut m = harness::tls_service_yaml_in("team", "db", &ip, port);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&gateway_yaml(
+        "alt",
+        r#"    - {name: pt, protocol: TLS, port: 10443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}
+"#,
+    ));
+    m.push_str(&tls_route(
+        "team",
+        "db",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: alt, namespace: default, port: 10443}]\n  hostnames: [db.alt.test, \"*.wild.alt.test\"]\n  rules: [{backendRefs: [{name: db, port: 443}]}]\n",
+    ));
+    let s = Scenario::start("gateway-tls-other-port", &m, &[]);
+    let proxy_ip = s.proxy.ports.ip.clone();
+    let ca = pki.ca.display().to_string();
+    let call = |port: u16, sni: &str| {
+        let resolve = format!("{sni}:{port}:{proxy_ip}");
+        let r = harness::get(
+            &format!("https://{sni}:{port}/"),
+            &["--resolve", &resolve, "--cacert", &ca],
+        );
+        r.status == 200 && r.body.contains("s_server")
+    };
+    // Exact and wildcard names reach the TLS backend undecrypted on the listener's port (the
+    // client verifies the backend's own certificate).
+    assert!(call(10443, "db.alt.test"));
+    assert!(call(10443, "x.wild.alt.test"));
+    // A name no route has is rejected on that port, and the route is not on 443.
+    assert!(!call(10443, "other.alt.test"));
+    assert!(!call(s.proxy.ports.https, "db.alt.test"));
+    let gw = status_of(&s.render_output, "Gateway", "default/alt").expect("Gateway status");
+    let l = listener(&gw, "pt");
+    assert_eq!(
+        condition(&l["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+    assert_eq!(l["attachedRoutes"], 1, "{l}");
+    assert_eq!(kinds_of(l), ["TLSRoute"]);
 }
