@@ -1190,6 +1190,7 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
         r#"    - {name: tcp, protocol: TCP, port: 9000, allowedRoutes: {namespaces: {from: All}}}
     - {name: nogrant, protocol: TCP, port: 9001, allowedRoutes: {namespaces: {from: All}}}
     - {name: empty, protocol: TCP, port: 9002}
+    - {name: split, protocol: TCP, port: 9003, allowedRoutes: {namespaces: {from: All}}}
 "#,
     ));
     for (name, ts, section, backend) in [
@@ -1211,6 +1212,12 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
             "nogrant",
             "{name: db2, namespace: other, port: 5432}",
         ),
+        (
+            "split",
+            "2024-01-03T00:00:00Z",
+            "split",
+            "{name: db, port: 5432, weight: 1}, {name: db2, port: 5432, weight: 1}",
+        ),
     ] {
         m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {{name: {name}, namespace: team, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n  parentRefs: [{{name: tcp, namespace: default, sectionName: {section}}}]\n  rules: [{{backendRefs: [{backend}]}}]\n"));
     }
@@ -1225,6 +1232,15 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
     // route: the connection is closed without reaching any backend.
     assert_eq!(harness::tcp_exchange(ip, 9001, b"hello", 9), b"");
     assert_eq!(harness::tcp_exchange(ip, 9002, b"hello", 9), b"");
+    // Weights 1:1 choose a backend per connection: over 40 connections both carry bytes (each
+    // connection's answer comes whole from one of them).
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let got = harness::tcp_exchange(ip, 9003, b"x", 5);
+        assert!(got == b"db:x" || got == b"db2:x", "{got:?}");
+        seen.insert(got);
+    }
+    assert_eq!(seen.len(), 2, "both weighted backends carry connections");
 
     let api = "gateway.networking.k8s.io/v1alpha2";
     let st = status_in(&s.render_output, api, "TCPRoute", "team/db").expect("status");

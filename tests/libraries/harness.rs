@@ -594,8 +594,9 @@ impl Drop for TcpEcho {
 }
 
 /// Sends `payload` over a new TCP connection to `ip:port` and returns what came back before
-/// the peer closed, `expect` bytes arrived, or 5 seconds passed (a connection refused or reset
-/// returns what arrived, usually nothing).
+/// the peer closed, the answer ended with `payload` (a [`TcpEcho`] answer is complete), at
+/// least `expect` bytes arrived, or 5 seconds passed (a connection refused or reset returns
+/// what arrived, usually nothing).
 pub fn tcp_exchange(ip: &str, port: u16, payload: &[u8], expect: usize) -> Vec<u8> {
     let Ok(mut conn) = TcpStream::connect((ip, port)) else {
         return Vec::new();
@@ -606,7 +607,7 @@ pub fn tcp_exchange(ip: &str, port: u16, payload: &[u8], expect: usize) -> Vec<u
     }
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
-    while got.len() < expect {
+    while got.len() < expect && !got.ends_with(payload) {
         match conn.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
