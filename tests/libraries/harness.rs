@@ -494,6 +494,12 @@ pub struct TlsServer(Child);
 
 impl TlsServer {
     pub fn start(cert: &Path, key: &Path, ip: &str, port: u16) -> TlsServer {
+        TlsServer::start_with(cert, key, ip, port, &[])
+    }
+
+    /// With more `openssl s_server` arguments (`-Verify 1 -CAfile …` asks for a client
+    /// certificate).
+    pub fn start_with(cert: &Path, key: &Path, ip: &str, port: u16, extra: &[&str]) -> TlsServer {
         let child = Command::new("openssl")
             .args(["s_server", "-quiet", "-www", "-accept"])
             .arg(format!("{ip}:{port}"))
@@ -501,6 +507,7 @@ impl TlsServer {
             .arg(cert)
             .arg("-key")
             .arg(key)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
