@@ -1037,3 +1037,178 @@ fn gateway_route_ignored_retry_and_session_persistence_are_reported() {
         pair("True", "Accepted")
     );
 }
+
+/// A BackendTLSPolicy manifest in `default` (`spec` is its flow-style spec).
+fn backend_tls_policy(name: &str, ts: &str, spec: &str) -> String {
+    format!("---\napiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {{name: {name}, namespace: default, creationTimestamp: \"{ts}\", generation: 2}}\nspec: {spec}\n")
+}
+
+/// The Accepted and ResolvedRefs (status, reason) of a BackendTLSPolicy's entry for Gateway
+/// default/gw.
+fn policy_conditions(render_output: &str, name: &str) -> ((String, String), (String, String)) {
+    let st = status_of(
+        render_output,
+        "BackendTLSPolicy",
+        &format!("default/{name}"),
+    )
+    .unwrap_or_else(|| panic!("no status for BackendTLSPolicy {name}:\n{render_output}"));
+    let ancestors = st["ancestors"].as_array().expect("ancestors");
+    assert_eq!(ancestors.len(), 1, "{st}");
+    let a = &ancestors[0];
+    assert_eq!(a["ancestorRef"]["name"], "gw", "{st}");
+    assert_eq!(a["ancestorRef"]["namespace"], "default", "{st}");
+    assert_eq!(a["controllerName"], "haproxy-haptic.org/controller");
+    assert_eq!(a["conditions"][0]["observedGeneration"], 2);
+    (
+        condition(&a["conditions"], "Accepted"),
+        condition(&a["conditions"], "ResolvedRefs"),
+    )
+}
+
+#[test]
+fn backend_tls_policy_verifies_backends_by_ca_and_hostname() {
+    let dir = harness::TempDir::new("pki-gw-btls");
+    let pki = harness::Pki::new(dir.path());
+    let other_dir = harness::TempDir::new("pki-gw-btls-other");
+    let other = harness::Pki::new(other_dir.path());
+    let (cert, key) = pki.server_files("backend", &["backend.internal"]);
+    let (ip, port) = (harness::unique_loopback(), 9443);
+    let _backend = harness::TlsServer::start(&cert, &key, &ip, port);
+    let names = [
+        "good",
+        "wrongname",
+        "wrongca",
+        "missingca",
+        "hostile",
+        "system",
+        "plain",
+    ];
+    let mut m = String::new();
+    for n in names {
+        m.push_str(&harness::tls_service_yaml_in("default", n, &ip, port));
+    }
+    let configmap = |name: &str, ca: &std::path::Path| {
+        let pem = std::fs::read_to_string(ca).expect("CA file");
+        let body: String = pem.lines().map(|l| format!("    {l}\n")).collect();
+        format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default}}\ndata:\n  ca.crt: |\n{body}")
+    };
+    m.push_str(&configmap("ca-good", &pki.ca));
+    m.push_str(&configmap("ca-other", &other.ca));
+    m.push_str(GATEWAYS);
+    let mut rules = String::from(
+        "  parentRefs: [{name: gw, sectionName: http}]\n  hostnames: [btls.test]\n  rules:\n",
+    );
+    for n in names {
+        rules.push_str(&format!("    - matches: [{{path: {{type: PathPrefix, value: /{n}}}}}]\n      backendRefs: [{{name: {n}, port: 443}}]\n"));
+    }
+    m.push_str(&route("default", "btls", "2024-01-01T00:00:00Z", &rules));
+    let policy = |name: &str, ts: &str, svc: &str, validation: &str| {
+        backend_tls_policy(
+            name,
+            ts,
+            &format!("{{targetRefs: [{{group: '', kind: Service, name: {svc}, sectionName: https}}], validation: {validation}}}"),
+        )
+    };
+    let ca = |cm: &str, host: &str| {
+        format!(
+            "{{caCertificateRefs: [{{group: '', kind: ConfigMap, name: {cm}}}], hostname: {host}}}"
+        )
+    };
+    let t0 = "2024-01-01T00:00:00Z";
+    m.push_str(&policy(
+        "good",
+        t0,
+        "good",
+        &ca("ca-good", "backend.internal"),
+    ));
+    // Newer, for the same Service port, and wrong: Conflicted, and the older one still applies.
+    m.push_str(&policy(
+        "good-newer",
+        "2024-02-01T00:00:00Z",
+        "good",
+        &ca("ca-other", "other.internal"),
+    ));
+    m.push_str(&policy(
+        "wrongname",
+        t0,
+        "wrongname",
+        &ca("ca-good", "elsewhere.internal"),
+    ));
+    m.push_str(&policy(
+        "wrongca",
+        t0,
+        "wrongca",
+        &ca("ca-other", "backend.internal"),
+    ));
+    m.push_str(&policy(
+        "missingca",
+        t0,
+        "missingca",
+        &ca("nope", "backend.internal"),
+    ));
+    m.push_str(&policy(
+        "hostile",
+        t0,
+        "hostile",
+        &ca("ca-good", "'backend.internal verify none'"),
+    ));
+    // The test CA is not a system CA: verification against the system bundle fails.
+    m.push_str(&policy(
+        "system",
+        t0,
+        "system",
+        "{wellKnownCACertificates: System, hostname: backend.internal}",
+    ));
+    let s = Scenario::start("gateway-btls", &m, &[]);
+    let p = &s.proxy;
+    let get = |path: &str| {
+        let r = p.http("btls.test", path);
+        (r.status, r.body.contains("s_server"))
+    };
+    // Verified against the ConfigMap's CA, with SNI and the certificate name backend.internal:
+    // openssl's status page answers through HAProxy.
+    assert_eq!(get("/good"), (200, true));
+    // The certificate does not carry the policy's hostname, or another CA signed it, or there
+    // is no system CA for it: the TLS session fails and HAProxy answers 503. A policy without
+    // a usable CA, or left out for a hostile value, refuses requests itself (503): none of them
+    // is ever sent unverified.
+    for path in [
+        "/wrongname",
+        "/wrongca",
+        "/system",
+        "/missingca",
+        "/hostile",
+    ] {
+        assert_eq!(get(path), (503, false), "{path}");
+    }
+    // Without a policy, HAProxy speaks plain HTTP to the TLS port: no answer from it.
+    assert_ne!(get("/plain"), (200, true));
+    let out = &s.render_output;
+    assert_eq!(
+        policy_conditions(out, "good"),
+        (pair("True", "Accepted"), pair("True", "ResolvedRefs"))
+    );
+    assert_eq!(
+        policy_conditions(out, "good-newer").0,
+        pair("False", "Conflicted")
+    );
+    assert_eq!(
+        policy_conditions(out, "wrongca"),
+        (pair("True", "Accepted"), pair("True", "ResolvedRefs"))
+    );
+    assert_eq!(
+        policy_conditions(out, "missingca"),
+        (
+            pair("False", "NoValidCACertificate"),
+            pair("False", "InvalidCACertificateRef")
+        )
+    );
+    assert_eq!(
+        policy_conditions(out, "hostile").0,
+        pair("False", "Invalid")
+    );
+    assert!(
+        out.contains("BackendTLSPolicy default/hostile: left out of the configuration: spec.validation.hostname: \"backend.internal verify none\" contains a space"),
+        "{out}"
+    );
+}
