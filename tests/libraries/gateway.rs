@@ -669,6 +669,17 @@ fn gateway_backend_ref_filters_apply_to_their_backend_only() {
         - name: one
           port: 80
           filters: [{type: RequestMirror, requestMirror: {backendRef: {name: two, port: 80}}}]
+    - matches: [{path: {type: PathPrefix, value: /pick}}]
+      backendRefs:
+        - name: one
+          port: 80
+          filters: [{type: URLRewrite, urlRewrite: {hostname: one.internal, path: {type: ReplacePrefixMatch, replacePrefixMatch: /rewritten}}}]
+        - name: two
+          port: 80
+          filters: [{type: RequestRedirect, requestRedirect: {hostname: moved.test, statusCode: 302}}]
+    - matches: [{path: {type: PathPrefix, value: /both}}]
+      filters: [{type: URLRewrite, urlRewrite: {hostname: rule.test}}]
+      backendRefs: [{name: one, port: 80, filters: [{type: URLRewrite, urlRewrite: {hostname: be.internal}}]}]
 "#,
     ));
     let s = Scenario::start("gateway-befilters", &m, &[]);
@@ -698,6 +709,30 @@ fn gateway_backend_ref_filters_apply_to_their_backend_only() {
         2,
         "both backends were chosen in 40 requests: {seen:?}"
     );
+    // URLRewrite and RequestRedirect on backendRefs: a request that chose `one` reaches it
+    // rewritten (prefix and Host), one that chose `two` is redirected and reaches no backend.
+    let mut picked = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let r = p.http("be.test", "/pick/x?q=1");
+        match r.status {
+            200 => {
+                assert_eq!(r.backend(), Some("one"));
+                assert_eq!(r.echoed("path"), Some("/rewritten/x?q=1"));
+                assert_eq!(r.echoed("host"), Some("one.internal"));
+                picked.insert("rewritten");
+            }
+            302 => {
+                assert_eq!(r.backend(), None);
+                assert_eq!(r.header("location"), Some("http://moved.test/pick/x?q=1"));
+                picked.insert("redirected");
+            }
+            other => panic!("unexpected {other}: {r:?}"),
+        }
+    }
+    assert_eq!(picked.len(), 2, "both backendRefs were chosen: {picked:?}");
+    // A backendRef URLRewrite after the rule's own would act on the rewritten request: the
+    // rule answers 500, named in the status.
+    assert_eq!(p.http("be.test", "/both").status, 500);
     // A filter kind HAProxy cannot do (mirroring) still makes its rule answer 500, and the
     // route's status says so.
     assert_eq!(p.http("be.test", "/mirror").status, 500);
@@ -709,6 +744,11 @@ fn gateway_backend_ref_filters_apply_to_their_backend_only() {
         message.contains("rule 1: backendRef filter RequestMirror is not supported"),
         "{message}"
     );
+    assert!(
+        message.contains("rule 3: a backendRef URLRewrite or RequestRedirect together with the rule's own URLRewrite or RequestRedirect is not supported (answers 500)"),
+        "{message}"
+    );
+    assert!(!message.contains("rule 2"), "{message}");
 }
 
 /// The common name of the certificate HAProxy's HTTPS frontend serves for `sni` (`None`: a
