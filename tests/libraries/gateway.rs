@@ -439,11 +439,26 @@ struct GrpcEcho {
 
 impl GrpcEcho {
     fn start(python: &std::path::Path, name: &str) -> GrpcEcho {
+        GrpcEcho::start_with(python, &["server", name])
+    }
+
+    /// A gRPC server over TLS with this certificate and key.
+    fn start_tls(
+        python: &std::path::Path,
+        name: &str,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> GrpcEcho {
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        GrpcEcho::start_with(python, &["tls-server", name, &cert, &key])
+    }
+
+    fn start_with(python: &std::path::Path, args: &[&str]) -> GrpcEcho {
         use std::io::BufRead;
         let script = harness::root().join("tests/libraries/grpc_echo.py");
         let mut child = std::process::Command::new(python)
             .arg(&script)
-            .args(["server", name])
+            .args(args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .tied()
@@ -590,6 +605,71 @@ spec:
     );
     // A service no rule matches: HAProxy's 404 reaches the client as UNIMPLEMENTED.
     assert_eq!(run("tls-call", "/demo.Other/Hello"), "status UNIMPLEMENTED");
+}
+
+#[test]
+fn backend_tls_policy_verifies_grpc_backends_over_tls() {
+    let python = grpc_python();
+    let dir = harness::TempDir::new("pki-gw-grpc-btls");
+    let pki = harness::Pki::new(dir.path());
+    let (cert, key) = pki.server_files("grpc-backend", &["grpc.internal"]);
+    let server = GrpcEcho::start_tls(&python, "secure", &cert, &key);
+    let mut m = String::new();
+    for svc in ["verified", "wrongname"] {
+        m.push_str(&service_yaml_port("default", svc, server.port));
+    }
+    let pem = std::fs::read_to_string(&pki.ca).expect("CA file");
+    let body: String = pem.lines().map(|l| format!("    {l}\n")).collect();
+    m.push_str(&format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: ca, namespace: default}}\ndata:\n  ca.crt: |\n{body}"));
+    m.push_str(GATEWAYS);
+    m.push_str(
+        r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: grpc, namespace: default, creationTimestamp: "2024-01-01T00:00:00Z", generation: 1}
+spec:
+  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [grpc.test]
+  rules:
+    - matches: [{method: {service: demo.Verified}}]
+      backendRefs: [{name: verified, port: 80}]
+    - matches: [{method: {service: demo.Wrong}}]
+      backendRefs: [{name: wrongname, port: 80}]
+"#,
+    );
+    for (svc, host) in [
+        ("verified", "grpc.internal"),
+        ("wrongname", "other.internal"),
+    ] {
+        m.push_str(&backend_tls_policy(
+            svc,
+            "2024-01-01T00:00:00Z",
+            &format!("{{targetRefs: [{{group: '', kind: Service, name: {svc}}}], validation: {{caCertificateRefs: [{{group: '', kind: ConfigMap, name: ca}}], hostname: {host}}}}}"),
+        ));
+    }
+    let s = Scenario::start("gateway-grpc-btls", &m, &[]);
+    let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
+    let call = |method: &str| {
+        let out = std::process::Command::new(&python)
+            .arg(harness::root().join("tests/libraries/grpc_echo.py"))
+            .args(["client", &target, "grpc.test", method, "hi"])
+            .output()
+            .expect("gRPC client");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // HTTP/2 cleartext from the client, HTTP/2 over TLS (ALPN h2) from HAProxy to the server,
+    // whose certificate is verified against the ConfigMap's CA and the name grpc.internal.
+    assert_eq!(
+        call("/demo.Verified/Hello"),
+        "secure /demo.Verified/Hello hi"
+    );
+    // The certificate does not carry other.internal: HAProxy's 503 reaches the client as
+    // UNAVAILABLE, the call never reaches the server unverified.
+    assert_eq!(call("/demo.Wrong/Hello"), "status UNAVAILABLE");
+    assert_eq!(
+        policy_conditions(&s.render_output, "verified"),
+        (pair("True", "Accepted"), pair("True", "ResolvedRefs"))
+    );
 }
 
 #[test]

@@ -4,6 +4,8 @@
                                       on the first line); each answer is "NAME /svc/method payload";
                                       a method whose name ends in "Stream" is server-streaming
                                       and answers three messages "NAME /svc/method payload N"
+    grpc_echo.py tls-server NAME CERT KEY
+                                      the same over TLS with that certificate and key (PEM files)
     grpc_echo.py client TARGET AUTHORITY METHOD PAYLOAD [KEY=VALUE]
                                       one unary call over HTTP/2 cleartext (with one metadata
                                       entry); prints the answer, or "status CODE" when it fails
@@ -20,7 +22,7 @@ from concurrent import futures
 import grpc
 
 
-def serve(name):
+def serve(name, cert=None, key=None):
     class Echo(grpc.GenericRpcHandler):
         def service(self, details):
             method = details.method
@@ -38,7 +40,12 @@ def serve(name):
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     server.add_generic_rpc_handlers((Echo(),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    if cert:
+        with open(cert, "rb") as c, open(key, "rb") as k:
+            credentials = grpc.ssl_server_credentials(((k.read(), c.read()),))
+        port = server.add_secure_port("127.0.0.1:0", credentials)
+    else:
+        port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(port, flush=True)
     # Ends when the test closes stdin (or dies: the pipe closes).
@@ -78,6 +85,8 @@ def tls_call(streaming, target, authority, cafile, method, payload):
 if __name__ == "__main__":
     if sys.argv[1] == "server":
         serve(sys.argv[2])
+    elif sys.argv[1] == "tls-server":
+        serve(*sys.argv[2:5])
     elif sys.argv[1] in ("tls-call", "tls-stream"):
         tls_call(sys.argv[1] == "tls-stream", *sys.argv[2:7])
     else:
