@@ -703,6 +703,44 @@ fn legacy_plain_http_transport_with_basic_auth() {
         Some(401),
         "the agent requires the credentials"
     );
+
+    // A new route is a reload: the controller checked the bundle with the HAProxy release the
+    // pods run, so the agents take its word and reload without a second `haproxy -c`.
+    let second = Backend::start("second-1");
+    c.create_service("second", &[&second]);
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("second", "second.example.com", "second", "")),
+    );
+    assert!(ok, "{out}");
+    c.wait_route("second.example.com", "/", 200, "second-1", DEADLINE);
+    let auth = haptic_agent::base64::encode(b"haptic:s3cret-for-tests");
+    for pod in &c.pods {
+        let state = agent_get(&pod.ip, port, "/v1/state", &auth);
+        let last = &state["last_apply"];
+        assert_eq!(last["result"], "reload", "{state:#}");
+        assert!(
+            last["timings_ms"].get("reload").is_some()
+                && last["timings_ms"].get("validate").is_none(),
+            "reloaded on the controller's check, without its own: {state:#}"
+        );
+    }
+}
+
+/// `GET path` from an agent in plain-HTTP mode, as JSON.
+fn agent_get(ip: &str, port: u16, path: &str, basic: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect((ip, port)).expect("agent reachable");
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let request = format!(
+        "GET {path} HTTP/1.1\r\nHost: agent\r\nAuthorization: Basic {basic}\r\nConnection: close\r\n\r\n"
+    );
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 
 #[test]

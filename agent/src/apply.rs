@@ -60,6 +60,8 @@ pub struct ApplyRequest {
     pub if_match: Option<String>,
     /// `X-Haptic-Epoch`: the sender's leader epoch.
     pub epoch: Option<u64>,
+    /// `X-Haptic-Checked-With`: the HAProxy version the controller checked the bundle with.
+    pub checked_with: Option<String>,
     pub dry_run: bool,
 }
 
@@ -70,6 +72,9 @@ pub(crate) struct Inner {
     /// longer matches the manifest), which makes the next apply a reload.
     pub applied: Option<Bundle>,
     pub drift: Drift,
+    /// A bundle whose reload failed after the agent took the controller's check for it: pushed
+    /// again, it is checked here (a 422 instead of another failing reload).
+    pub failed_unchecked: Option<String>,
 }
 
 /// The agent's apply engine and the state it guards.
@@ -154,6 +159,7 @@ impl Agent {
                 persisted,
                 applied: None,
                 drift: Drift::default(),
+                failed_unchecked: None,
             }),
             fault,
         };
@@ -325,7 +331,21 @@ impl Agent {
             .haproxy
             .show_proc(SOCKET_PATIENCE)
             .map_err(|e| ApplyError::new(503, "haproxy_unreachable", e.to_string()))?;
-        let mut response = self.execute(inner, &req.bundle, &hash.to_string(), plan, &before)?;
+        // The controller's check stands for this agent's when it ran the very HAProxy version
+        // the master runs (the reload parses the same bytes), unless trusting it failed before.
+        let checked_by_controller = req
+            .checked_with
+            .as_deref()
+            .is_some_and(|v| !v.is_empty() && v == before.version)
+            && inner.failed_unchecked.as_deref() != Some(hash.as_str());
+        let mut response = self.execute(
+            inner,
+            &req.bundle,
+            &hash.to_string(),
+            plan,
+            &before,
+            checked_by_controller,
+        )?;
         response.timings_ms.insert("total".into(), millis(started));
         Ok(response)
     }
@@ -339,6 +359,7 @@ impl Agent {
         hash: &str,
         plan: Classification,
         before: &ProcInfo,
+        checked_by_controller: bool,
     ) -> Result<ApplyResponse, ApplyError> {
         let mut timings = BTreeMap::new();
         let t = Instant::now();
@@ -355,7 +376,13 @@ impl Agent {
             e.body.rolled_back = Some(restored.is_ok());
             e
         };
-        if plan != Classification::NoChange && !proven_by_base(&plan) {
+        let needs_check = plan != Classification::NoChange && !proven_by_base(&plan);
+        let checked_by = match (needs_check, checked_by_controller) {
+            (false, _) => None,
+            (true, true) => Some("controller"),
+            (true, false) => Some("agent"),
+        };
+        if checked_by == Some("agent") {
             let t = Instant::now();
             let checked = self.haproxy.check(
                 &self.root,
@@ -391,6 +418,7 @@ impl Agent {
         let mut response = ApplyResponse {
             result: plan.result_name().into(),
             bundle: hash.to_string(),
+            checked_by: checked_by.map(str::to_string),
             reasons: plan.reasons().to_vec(),
             worker_pid_before: before.worker_pid(),
             ..ApplyResponse::default()
@@ -421,6 +449,9 @@ impl Agent {
             match self.haproxy.reload() {
                 Ok(outcome) => response.worker_pid_after = outcome.worker_pid_after,
                 Err(e) => {
+                    if checked_by == Some("controller") {
+                        inner.failed_unchecked = Some(hash.to_string());
+                    }
                     return Err(undo(
                         502,
                         "reload_failed",

@@ -267,6 +267,11 @@ pub mod api {
     pub const IF_MATCH: &str = "If-Match";
     /// The pushing leader's epoch; an agent refuses epochs below the highest it accepted.
     pub const EPOCH: &str = "X-Haptic-Epoch";
+    /// The HAProxy version (`haproxy -v`, e.g. `2.6.12-1+deb12u4`) whose `haproxy -c` accepted
+    /// this bundle in the controller. An agent whose running HAProxy is that exact version does
+    /// not check the bundle again before a reload: the reload parses it anyway, and a failed
+    /// reload is rolled back (docs/architecture.md, "Who runs haproxy -c").
+    pub const CHECKED_WITH: &str = "X-Haptic-Checked-With";
 }
 
 /// The 200 reply of `PUT /v1/bundle` and `POST /v1/reload`.
@@ -274,6 +279,11 @@ pub mod api {
 pub struct ApplyResponse {
     /// `no_change`, `runtime` or `reload`.
     pub result: String,
+    /// Who ran `haproxy -c` on the bundle before it was installed: `agent`, or `controller`
+    /// when the push carried [`api::CHECKED_WITH`] naming the running HAProxy's version.
+    /// Absent when no check was needed (runtime-only changes, no change).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_by: Option<String>,
     /// The applied (or, for a dry run, the planned) bundle hash.
     pub bundle: String,
     #[serde(default)]

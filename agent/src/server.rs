@@ -335,6 +335,7 @@ fn put_bundle(agent: &Agent, head: &Head, body: &[u8]) -> Response {
         bundle,
         if_match: head.header(api::IF_MATCH).map(str::to_string),
         epoch,
+        checked_with: head.header(api::CHECKED_WITH).map(|v| v.trim().to_string()),
         dry_run,
     };
     match agent.apply(req) {

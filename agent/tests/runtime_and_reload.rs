@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use haptic_agent::protocol::{Bundle, FileKind};
+use haptic_agent::protocol::{api, Bundle, FileKind};
 use support::*;
 
 /// haproxy.cfg with a host-map frontend, backend `be_a` with the given server lines and `be_b`.
@@ -417,6 +417,78 @@ fn reload_failure_rolls_back_and_the_old_worker_keeps_serving() {
     env.apply(&v2, "reload");
     assert_ne!(env.worker_pid(), pid);
     assert_eq!(http_get(&env.fe, "z.example").unwrap(), "b1");
+}
+
+#[test]
+fn a_bundle_the_controller_checked_with_the_running_version_reloads_without_a_second_check() {
+    let env = Env::start(Options::default());
+    let (a1, b1) = (backend("a1"), backend("b1"));
+    let servers = [format!("server SRV_1 127.0.0.1:{a1} enabled")];
+    let v1 = bundle(config(&env, &servers, b1, ""), "");
+    assert_eq!(env.apply(&v1, "reload")["checked_by"], "agent");
+    let running = env.state()["haproxy"]["version"]
+        .as_str()
+        .expect("the running HAProxy's version")
+        .to_string();
+
+    // Checked by the controller with the version the master runs: no second check.
+    let section = |name: &str| format!("backend {name}\n    server s 127.0.0.1:{b1}\n");
+    let v2 = bundle(config(&env, &servers, b1, &section("be_c")), "");
+    let (status, body) = env.put_with(&v2, "", &[(api::CHECKED_WITH, &running)]);
+    assert_eq!(status, 200, "{body:#}");
+    assert_eq!(body["result"], "reload");
+    assert_eq!(body["checked_by"], "controller", "{body:#}");
+    assert!(body["timings_ms"].get("validate").is_none(), "{body:#}");
+
+    // Another version (or none) proves nothing here: the agent checks.
+    let v3 = bundle(config(&env, &servers, b1, &section("be_d")), "");
+    let (status, body) = env.put_with(&v3, "", &[(api::CHECKED_WITH, "1.8.0")]);
+    assert_eq!(status, 200, "{body:#}");
+    assert_eq!(body["checked_by"], "agent", "{body:#}");
+    assert!(body["timings_ms"].get("validate").is_some(), "{body:#}");
+    let pid = env.worker_pid();
+    let cfg_before = env.disk("haproxy.cfg").unwrap();
+
+    // A claim that does not hold: the reload fails, the previous files come back and the old
+    // worker keeps serving; pushed again, the same bundle is checked here and refused.
+    let bad = bundle(
+        config(
+            &env,
+            &servers,
+            b1,
+            "backend be_x\n    no_such_keyword here\n",
+        ),
+        "",
+    );
+    let (status, body) = env.put_with(&bad, "", &[(api::CHECKED_WITH, &running)]);
+    assert_eq!(status, 502, "{body:#}");
+    assert_eq!(body["error"], "reload_failed");
+    assert_eq!(body["rolled_back"], true);
+    assert_eq!(env.disk("haproxy.cfg").unwrap(), cfg_before);
+    assert_eq!(
+        env.worker_pid(),
+        pid,
+        "the old worker is still the current one"
+    );
+    assert_eq!(
+        http_get(&env.fe, "a.example").unwrap(),
+        "a1",
+        "and still serves"
+    );
+    let (status, body) = env.put_with(&bad, "", &[(api::CHECKED_WITH, &running)]);
+    assert_eq!(status, 422, "{body:#}");
+    assert_eq!(body["error"], "invalid_config");
+    assert_eq!(env.worker_pid(), pid);
+
+    // And the next good bundle goes ahead as before.
+    let v4 = bundle(config(&env, &servers, b1, &section("be_e")), "");
+    let (status, body) = env.put_with(&v4, "", &[(api::CHECKED_WITH, &running)]);
+    assert_eq!(
+        (status, body["checked_by"].as_str()),
+        (200, Some("controller")),
+        "{body:#}"
+    );
+    assert_ne!(env.worker_pid(), pid);
 }
 
 #[test]

@@ -185,6 +185,10 @@ templatingSettings:
     https_port: {{ .Values.haproxy.ports.https }}
     status_port: {{ .Values.haproxy.ports.status }}
     status_stats: {{ .Values.haproxy.stats }}
+    {{- /* Gateway listeners on other ports: exactly the ports the Service and pods expose;
+        never the agent's or the controller's ports */}}
+    gateway_listener_ports: {{ include "haptic.gatewayPorts" . }}
+    gateway_reserved_ports: {{ toJson (list (int .Values.agent.port) (int .Values.agent.probePort) (int .Values.controller.ports.health) (int .Values.controller.ports.metrics) (int .Values.controller.ports.webhook)) }}
     hard_stop_after_seconds: {{ .Values.haproxy.drain.hardStopAfterSeconds | int }}
     default_ssl_cert_namespace: {{ include "haptic.defaultCertNamespace" . | quote }}
     default_ssl_cert_name: {{ .Values.defaultSSLCertificate.name | quote }}
@@ -287,5 +291,24 @@ Cached in .Values so every template sees the same material within one render.
 
 {{/* True when any HAProxy port is below 1024. */}}
 {{- define "haptic.privilegedPorts" -}}
-{{- if or (lt (int .Values.haproxy.ports.http) 1024) (lt (int .Values.haproxy.ports.https) 1024) (lt (int .Values.haproxy.ports.status) 1024) -}}true{{- end -}}
+{{- $low := or (lt (int .Values.haproxy.ports.http) 1024) (lt (int .Values.haproxy.ports.https) 1024) (lt (int .Values.haproxy.ports.status) 1024) -}}
+{{- range .Values.haproxy.gatewayPorts }}{{- if lt (int .port) 1024 }}{{- $low = true }}{{- end }}{{- end -}}
+{{- if $low -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+haproxy.gatewayPorts as a JSON list of port numbers (the libraries' gateway_listener_ports).
+A port HAProxy or the agent already uses, or listed twice, stops the install.
+*/}}
+{{- define "haptic.gatewayPorts" -}}
+{{- $h := .Values.haproxy -}}
+{{- $taken := list (int $h.ports.http) (int $h.ports.https) (int $h.ports.status) (int .Values.agent.port) (int .Values.agent.probePort) -}}
+{{- $ports := list -}}
+{{- range $h.gatewayPorts -}}
+{{- if or (has (int .port) $taken) (has (int .port) $ports) -}}
+{{- fail (printf "haproxy.gatewayPorts: port %d is listed twice or is a port HAProxy or the agent already uses" (int .port)) -}}
+{{- end -}}
+{{- $ports = append $ports (int .port) -}}
+{{- end -}}
+{{- toJson $ports -}}
 {{- end -}}

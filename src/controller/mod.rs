@@ -123,6 +123,8 @@ fn spawn(
 /// What the runtime's threads are built from, besides the config.
 struct Wiring<'a> {
     opts: &'a Options,
+    /// The release of `opts.haproxy_bin`.
+    haproxy_release: &'a str,
     namespace: &'a str,
     client: &'a Client,
     shared: &'a Arc<Shared>,
@@ -139,6 +141,7 @@ struct Wiring<'a> {
 fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
     let Wiring {
         opts,
+        haproxy_release,
         namespace,
         client,
         shared,
@@ -215,6 +218,7 @@ fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
         deployer: ch.deploy_tx.clone(),
         status: ch.status_tx.clone(),
         haproxy_bin: opts.haproxy_bin.clone(),
+        haproxy_release: haproxy_release.to_string(),
     };
     let writer = StatusWriter {
         client: client.clone(),
@@ -252,10 +256,11 @@ pub fn run(opts: Options) -> Result<(), String> {
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_string());
-    let haproxy_version = crate::validate::haproxy::haproxy_version(&opts.haproxy_bin)
+    let haproxy_release = crate::validate::haproxy::haproxy_release(&opts.haproxy_bin)
         .map_err(|e| format!("the controller needs haproxy for validation: {e}"))?;
+    let haproxy_version = crate::validate::haproxy::major_minor(&haproxy_release)?;
     log::info!(
-        "starting haptic {} pod={} namespace={namespace} config={} haproxy={haproxy_version}",
+        "starting haptic {} pod={} namespace={namespace} config={} haproxy={haproxy_release}",
         env!("CARGO_PKG_VERSION"),
         opts.pod_name,
         opts.config_name
@@ -318,6 +323,7 @@ pub fn run(opts: Options) -> Result<(), String> {
     let elector_stop = Arc::new(AtomicBool::new(false));
     let wiring = Wiring {
         opts: &opts,
+        haproxy_release: &haproxy_release,
         namespace: &namespace,
         client: &client,
         shared: &shared,

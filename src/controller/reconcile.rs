@@ -37,6 +37,8 @@ pub(crate) struct Reconciler {
     pub deployer: Sender<DeployMsg>,
     pub status: Sender<StatusMsg>,
     pub haproxy_bin: String,
+    /// The release of `haproxy_bin` (`haproxy -v`), sent with the bundles it checked.
+    pub haproxy_release: String,
 }
 
 struct Loop {
@@ -243,6 +245,8 @@ impl Reconciler {
             }
         };
         let checks = validated.checks;
+        // The bundle passed this replica's `haproxy -c` (not only an earlier one of this loop).
+        let checked = validated.warnings.is_some();
         let rendered = validated.rendered;
         let bundle = validated.bundle;
         metrics.set(
@@ -287,6 +291,7 @@ impl Reconciler {
             bundle: bundle.clone(),
             hash: hash.clone(),
             reload,
+            checked_with: checked.then(|| self.haproxy_release.clone()),
             first_change,
         });
         let _ = self.deployer.send(DeployMsg::Bundle(published.clone()));

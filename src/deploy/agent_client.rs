@@ -117,6 +117,9 @@ impl AgentClient {
         let addr = SocketAddr::new(ip, port);
         let tcp = TcpStream::connect_timeout(&addr, timeout.min(Duration::from_secs(5)))
             .map_err(|e| format!("connect {addr}: {e}"))?;
+        // The head and the body go out as separate writes (TLS records): without this,
+        // Nagle's algorithm could hold the body for the agent's delayed ACK.
+        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
         tcp.set_read_timeout(Some(timeout))
             .map_err(|e| e.to_string())?;
         tcp.set_write_timeout(Some(timeout))

@@ -26,6 +26,9 @@ pub(crate) struct Published {
     pub hash: BundleHash,
     /// The bundle needs a reload compared with the previous one (reloads are rate-limited).
     pub reload: bool,
+    /// The HAProxy release whose `haproxy -c` accepted this bundle here (`None`: not checked,
+    /// for example a runtime-only change); agents running that release skip their own check.
+    pub checked_with: Option<String>,
     /// When the first change that led to this bundle was seen (event-to-deploy latency).
     pub first_change: Instant,
 }
@@ -116,10 +119,13 @@ impl Deployer {
             Ok(w) => w,
             Err(e) => return Outcome::Failed(format!("encode bundle: {e}")),
         };
-        let headers = [
+        let mut headers = vec![
             (api::IF_MATCH, applied.unwrap_or("*").to_string()),
             (api::EPOCH, epoch.to_string()),
         ];
+        if let Some(release) = &published.checked_with {
+            headers.push((api::CHECKED_WITH, release.clone()));
+        }
         let reply = match self
             .client
             .request(&pod.ip, "PUT", api::BUNDLE, &headers, Some(&wire))

@@ -393,6 +393,7 @@ mod tests {
             hash: bundle.hash(),
             bundle,
             reload,
+            checked_with: None,
             first_change: now,
         })
     }

@@ -182,24 +182,29 @@ pub fn check_file(haproxy_bin: &str, cfg: &Path) -> Result<String, CheckError> {
     }
 }
 
-/// `haproxy -v` → `major.minor` (e.g. `2.6`).
-pub fn haproxy_version(haproxy_bin: &str) -> Result<String, String> {
+/// `haproxy -v` → the release as HAProxy names it (e.g. `2.6.12-1+deb12u4`), the same string
+/// the master's `show proc` reports for the running version.
+pub fn haproxy_release(haproxy_bin: &str) -> Result<String, String> {
     let out = Command::new(haproxy_bin)
         .arg("-v")
         .output()
         .map_err(|e| format!("run {haproxy_bin} -v: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let version = text
-        .split_whitespace()
+    text.split_whitespace()
         .skip_while(|w| *w != "version")
         .nth(1)
-        .ok_or_else(|| format!("no version in {haproxy_bin} -v output: {text:?}"))?;
-    let mut parts = version.split('.');
+        .map(str::to_string)
+        .ok_or_else(|| format!("no version in {haproxy_bin} -v output: {text:?}"))
+}
+
+/// A release (`haproxy_release`) → `major.minor` (e.g. `2.6`).
+pub fn major_minor(release: &str) -> Result<String, String> {
+    let mut parts = release.split('.');
     match (parts.next(), parts.next()) {
         (Some(major), Some(minor)) => Ok(format!(
             "{major}.{}",
             minor.trim_end_matches(|c: char| !c.is_ascii_digit())
         )),
-        _ => Err(format!("unexpected haproxy version {version:?}")),
+        _ => Err(format!("unexpected haproxy version {release:?}")),
     }
 }

@@ -119,6 +119,10 @@ VARIANTS = {
         "haproxy": {"ports": {"http": 8080, "https": 8443}, "privilegedPorts": "capability"},
     },
     "low-ports-capability": {"haproxy": {"privilegedPorts": "capability"}},
+    "gateway-ports": {
+        "libraries": {"gateway": {"enabled": True}},
+        "haproxy": {"ports": {"http": 8080, "https": 8443}, "gatewayPorts": [{"port": 9000}, {"port": 5432, "nodePort": 30432}]},
+    },
     "insecure-agent": {"agent": {"insecureHttpWithBasicAuth": True}, "webhook": {"enabled": False}},
     "user-overrides": {
         "controller": {
@@ -472,6 +476,27 @@ class Manifests(unittest.TestCase):
         haproxy = container(one(docs, "Deployment", f"{FULLNAME}-haproxy"), "haproxy")
         self.assertEqual({p["name"]: p["containerPort"] for p in haproxy["ports"]}, {"http": 8080, "https": 8443, "status": 8404})
 
+    def test_gateway_ports(self):
+        """haproxy.gatewayPorts: each port is a containerPort and a Service port gw-<port>, open
+        in the traffic NetworkPolicy, and the only other ports Gateways may open; the agent's
+        and the controller's ports are reserved."""
+        _, _, docs = render("gateway-ports")
+        haproxy = container(one(docs, "Deployment", f"{FULLNAME}-haproxy"), "haproxy")
+        self.assertEqual(
+            {p["name"]: p["containerPort"] for p in haproxy["ports"]},
+            {"http": 8080, "https": 8443, "status": 8404, "gw-9000": 9000, "gw-5432": 5432},
+        )
+        svc = one(docs, "Service", f"{FULLNAME}-haproxy")["spec"]
+        ports = {p["name"]: (p["port"], p["targetPort"], p.get("nodePort")) for p in svc["ports"]}
+        self.assertEqual(ports["gw-9000"], (9000, "gw-9000", None))
+        self.assertEqual(ports["gw-5432"], (5432, "gw-5432", 30432))
+        policy = one(docs, "NetworkPolicy", f"{FULLNAME}-haproxy")["spec"]
+        traffic = next(r for r in policy["ingress"] if any(p["port"] == "http" for p in r["ports"]))
+        self.assertEqual([p["port"] for p in traffic["ports"]], ["http", "https", "gw-9000", "gw-5432"])
+        # A port HAProxy already binds stops the install.
+        with self.assertRaises(Exception):
+            render("gateway-ports", {"haproxy": {"gatewayPorts": [{"port": 8404}]}})
+
     def test_single_replica(self):
         _, _, docs = render("single-replica")
         self.assertEqual(one(docs, "Deployment", f"{FULLNAME}-controller")["spec"]["replicas"], 1)
@@ -783,6 +808,14 @@ class Config(unittest.TestCase):
                     "https_port": h["https"],
                     "status_port": h["status"],
                     "status_stats": v["haproxy"]["stats"],
+                    "gateway_listener_ports": [p["port"] for p in v["haproxy"]["gatewayPorts"]],
+                    "gateway_reserved_ports": [
+                        v["agent"]["port"],
+                        v["agent"]["probePort"],
+                        v["controller"]["ports"]["health"],
+                        v["controller"]["ports"]["metrics"],
+                        v["controller"]["ports"]["webhook"],
+                    ],
                     "default_ssl_cert_namespace": v["defaultSSLCertificate"]["namespace"] or NAMESPACE,
                     "default_ssl_cert_name": v["defaultSSLCertificate"]["name"],
                     "ingress_class": v["ingressClass"]["name"],
@@ -866,6 +899,15 @@ class Config(unittest.TestCase):
         ctx = spec["templatingSettings"]["extraContext"]
         self.assertEqual(ctx["gateway_controller"], "haproxy-haptic.org/controller")
         self.assertEqual((ctx["haproxy_service_namespace"], ctx["haproxy_service_name"]), (NAMESPACE, f"{FULLNAME}-haproxy"))
+
+    def test_gateway_ports_reach_the_libraries(self):
+        """haproxy.gatewayPorts are the only other ports Gateways may open; the agent's and the
+        controller's ports are reserved."""
+        ctx = self.check("gateway-ports")["templatingSettings"]["extraContext"]
+        self.assertEqual(ctx["gateway_listener_ports"], [9000, 5432])
+        self.assertEqual(ctx["gateway_reserved_ports"], [5555, 5556, 8080, 9090, 9443])
+        ctx = self.check("defaults")["templatingSettings"]["extraContext"]
+        self.assertEqual(ctx["gateway_listener_ports"], [], "without the value no other port may be opened")
 
     def test_rendered_config_passes_haptic_validation(self):
         """The config the chart installs is one the controller accepts, it renders, HAProxy accepts

@@ -1384,3 +1384,358 @@ fn backend_tls_policy_verifies_backends_by_ca_and_hostname() {
         "{out}"
     );
 }
+
+/// The status the render declared for one object of group/version `api`, parsed.
+fn status_in(render_output: &str, api: &str, kind: &str, id: &str) -> Option<Value> {
+    let prefix = format!("status {api} {kind} {id}: ");
+    render_output
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(|json| serde_json::from_str(json).expect("status JSON"))
+}
+
+/// The status entry of listener `name` in a Gateway status.
+fn listener<'a>(gateway: &'a Value, name: &str) -> &'a Value {
+    gateway["listeners"]
+        .as_array()
+        .and_then(|a| a.iter().find(|l| l["name"] == name))
+        .unwrap_or_else(|| panic!("no listener {name} in {gateway}"))
+}
+
+fn kinds_of(listener: &Value) -> Vec<String> {
+    listener["supportedKinds"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|k| k["kind"].as_str().unwrap_or_default().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn gateway_http_listener_on_another_port_serves_its_routes() {
+    let (alt, main) = (Echo::start("alt"), Echo::start("main"));
+    let mut m = service_yaml("team", "alt", &alt);
+    m.push_str(&service_yaml("team", "main", &main));
+    // creationTimestamps decide which Gateway's listener claims a port first (the oldest).
+    m.push_str(&gateway_yaml("ports", "").replace(
+        "namespace: default}",
+        "namespace: default, creationTimestamp: \"2024-01-01T00:00:00Z\"}",
+    ));
+    m.push_str(
+        r#"    - {name: main, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: All}}}
+    - {name: alt, protocol: HTTP, port: 9080, allowedRoutes: {namespaces: {from: All}}}
+    - {name: status, protocol: HTTP, port: 8404}
+    - {name: low, protocol: HTTP, port: 81}
+    - {name: webhook, protocol: HTTP, port: 9443}
+"#,
+    );
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: later, namespace: other, creationTimestamp: \"2030-01-01T00:00:00Z\"}\nspec:\n  gatewayClassName: haproxy\n  listeners: [{name: tcp-on-9080, protocol: TCP, port: 9080}]\n");
+    for (name, parent, backend) in [
+        (
+            "alt",
+            "{name: ports, namespace: default, port: 9080}",
+            "alt",
+        ),
+        (
+            "main",
+            "{name: ports, namespace: default, sectionName: main}",
+            "main",
+        ),
+        (
+            "wrong",
+            "{name: ports, namespace: default, port: 9999}",
+            "alt",
+        ),
+    ] {
+        m.push_str(&route(
+            "team",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{parent}]\n  hostnames: [alt.test]\n  rules: [{{backendRefs: [{{name: {backend}, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-other-port", &m, &[]);
+    let p = &s.proxy;
+    let on = |port: u16, host: &str| {
+        let r = harness::get(
+            &format!("http://{}:{port}/", p.ports.ip),
+            &["-H", &format!("Host: {host}")],
+        );
+        (r.status, r.backend().unwrap_or("").to_string())
+    };
+    // The listener on 9080 has a frontend of its own with the route attached by parentRef.port;
+    // the fixed HTTP frontend (public port 80) serves the route attached to the port-80 listener.
+    assert_eq!(on(9080, "alt.test"), pair_n(200, "alt"));
+    assert_eq!(on(p.ports.http, "alt.test"), pair_n(200, "main"));
+    assert_eq!(on(9080, "other.test"), pair_n(404, ""));
+    // Refused ports are not bound.
+    assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 81)).is_err());
+    assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 9443)).is_err());
+
+    let gw = status_of(&s.render_output, "Gateway", "default/ports").expect("Gateway status");
+    let l = listener(&gw, "alt");
+    assert_eq!(
+        condition(&l["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+    assert_eq!(l["attachedRoutes"], 1, "{l}");
+    assert_eq!(kinds_of(l), ["HTTPRoute", "GRPCRoute"]);
+    for name in ["status", "low", "webhook"] {
+        let l = listener(&gw, name);
+        assert_eq!(
+            condition(&l["conditions"], "Accepted"),
+            pair("False", "PortUnavailable"),
+            "{l}"
+        );
+        assert_eq!(condition(&l["conditions"], "Programmed").0, "False", "{l}");
+    }
+    let msg = |name: &str| {
+        listener(&gw, name)["conditions"][0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        msg("status").contains("port 8404 is reserved"),
+        "{}",
+        msg("status")
+    );
+    assert!(
+        msg("low").contains("gateway_listener_ports"),
+        "{}",
+        msg("low")
+    );
+    // The newer Gateway asking for TCP on the HTTP port is Conflicted and not programmed.
+    let later = status_of(&s.render_output, "Gateway", "other/later").expect("Gateway status");
+    let l = listener(&later, "tcp-on-9080");
+    assert_eq!(
+        condition(&l["conditions"], "Conflicted"),
+        pair("True", "ProtocolConflict")
+    );
+    assert_eq!(condition(&l["conditions"], "Programmed").0, "False");
+    // A parentRef.port no listener has attaches nowhere.
+    let st = status_of(&s.render_output, "HTTPRoute", "team/wrong").expect("route status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "Accepted"),
+        pair("False", "NoMatchingParent")
+    );
+}
+
+#[test]
+fn gateway_tcp_routes_carry_raw_tcp_bytes() {
+    let (db, db2) = (
+        harness::TcpEcho::start("db"),
+        harness::TcpEcho::start("db2"),
+    );
+    let mut m = harness::tcp_service_yaml("team", "db", 5432, db.port);
+    m.push_str(&harness::tcp_service_yaml("team", "db2", 5432, db2.port));
+    m.push_str(&harness::tcp_service_yaml("other", "db2", 5432, db2.port));
+    m.push_str(&gateway_yaml(
+        "tcp",
+        r#"    - {name: tcp, protocol: TCP, port: 9000, allowedRoutes: {namespaces: {from: All}}}
+    - {name: nogrant, protocol: TCP, port: 9001, allowedRoutes: {namespaces: {from: All}}}
+    - {name: empty, protocol: TCP, port: 9002}
+    - {name: split, protocol: TCP, port: 9003, allowedRoutes: {namespaces: {from: All}}}
+"#,
+    ));
+    for (name, ts, section, backend) in [
+        (
+            "db",
+            "2024-01-01T00:00:00Z",
+            "tcp",
+            "{name: db, port: 5432}",
+        ),
+        (
+            "late",
+            "2024-06-01T00:00:00Z",
+            "tcp",
+            "{name: db2, port: 5432}",
+        ),
+        (
+            "nogrant",
+            "2024-01-02T00:00:00Z",
+            "nogrant",
+            "{name: db2, namespace: other, port: 5432}",
+        ),
+        (
+            "split",
+            "2024-01-03T00:00:00Z",
+            "split",
+            "{name: db, port: 5432, weight: 1}, {name: db2, port: 5432, weight: 1}",
+        ),
+    ] {
+        m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {{name: {name}, namespace: team, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n  parentRefs: [{{name: tcp, namespace: default, sectionName: {section}}}]\n  rules: [{{backendRefs: [{backend}]}}]\n"));
+    }
+    let s = Scenario::start("gateway-tcproute", &m, &[]);
+    let ip = s.proxy.ports.ip.as_str();
+    // The oldest TCPRoute on the listener carries the bytes, both ways, undecoded.
+    assert_eq!(
+        harness::tcp_exchange(ip, 9000, b"\x00raw\r\nbytes", 15),
+        b"db:\x00raw\r\nbytes"
+    );
+    // A backendRef to another namespace without ReferenceGrant, and a listener without a
+    // route: the connection is closed without reaching any backend.
+    assert_eq!(harness::tcp_exchange(ip, 9001, b"hello", 9), b"");
+    assert_eq!(harness::tcp_exchange(ip, 9002, b"hello", 9), b"");
+    // Weights 1:1 choose a backend per connection: over 40 connections both carry bytes (each
+    // connection's answer comes whole from one of them).
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let got = harness::tcp_exchange(ip, 9003, b"x", 5);
+        assert!(got == b"db:x" || got == b"db2:x", "{got:?}");
+        seen.insert(got);
+    }
+    assert_eq!(seen.len(), 2, "both weighted backends carry connections");
+
+    let api = "gateway.networking.k8s.io/v1alpha2";
+    let st = status_in(&s.render_output, api, "TCPRoute", "team/db").expect("status");
+    let c = &st["parents"][0]["conditions"];
+    assert_eq!(condition(c, "Accepted"), pair("True", "Accepted"));
+    assert_eq!(condition(c, "ResolvedRefs"), pair("True", "ResolvedRefs"));
+    let st = status_in(&s.render_output, api, "TCPRoute", "team/late").expect("status");
+    let c = &st["parents"][0]["conditions"];
+    assert_eq!(
+        condition(c, "Accepted"),
+        pair("False", "NotAllowedByListeners")
+    );
+    assert!(
+        c[0]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("team/db"),
+        "{c}"
+    );
+    let st = status_in(&s.render_output, api, "TCPRoute", "team/nogrant").expect("status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "ResolvedRefs"),
+        pair("False", "RefNotPermitted")
+    );
+    let gw = status_of(&s.render_output, "Gateway", "default/tcp").expect("Gateway status");
+    let l = listener(&gw, "tcp");
+    assert_eq!(l["attachedRoutes"], 1, "{l}");
+    assert_eq!(kinds_of(l), ["TCPRoute"]);
+    assert_eq!(
+        condition(&l["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+}
+
+#[test]
+fn gateway_https_listeners_on_another_port_serve_their_own_certificates() {
+    let dir = harness::TempDir::new("pki-gw-other-port");
+    let pki = harness::Pki::new(dir.path());
+    let (a, any, fixed) = (Echo::start("a"), Echo::start("any"), Echo::start("fixed"));
+    let mut m = service_yaml("default", "a", &a);
+    m.push_str(&service_yaml("default", "any", &any));
+    m.push_str(&service_yaml("default", "fixed", &fixed));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "a-cert", &["a.alt.test", "b.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "any-cert", &["any.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "fixed-cert", &["fixed.test"]));
+    m.push_str(&gateway_yaml(
+        "alt",
+        r#"    - {name: a, protocol: HTTPS, port: 10443, hostname: a.alt.test, tls: {certificateRefs: [{name: a-cert}]}}
+    - {name: any, protocol: HTTPS, port: 10443, tls: {certificateRefs: [{name: any-cert}]}}
+    - {name: fixed, protocol: HTTPS, port: 443, hostname: fixed.test, tls: {certificateRefs: [{name: fixed-cert}]}}
+"#,
+    ));
+    for name in ["a", "any", "fixed"] {
+        m.push_str(&route(
+            "default",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: alt, sectionName: {name}}}]\n  rules: [{{backendRefs: [{{name: {name}, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-https-other-port", &m, &[]);
+    let ip = s.proxy.ports.ip.clone();
+    let ca = pki.ca.display().to_string();
+    // curl verifies the certificate against the test CA for the name it asked for.
+    let call = |port: u16, sni: &str, host: &str| {
+        let resolve = format!("{sni}:{port}:{ip}");
+        let header = format!("Host: {host}");
+        let r = harness::get(
+            &format!("https://{sni}:{port}/"),
+            &["--resolve", &resolve, "--cacert", &ca, "-H", &header],
+        );
+        (r.status, r.backend().unwrap_or("").to_string())
+    };
+    // The listener's certificate on its port, and its routes.
+    assert_eq!(call(10443, "a.alt.test", "a.alt.test"), pair_n(200, "a"));
+    // The host-less listener of the port serves its certificate for names nobody claims, and
+    // its routes answer them.
+    assert_eq!(
+        call(10443, "any.alt.test", "any.alt.test"),
+        pair_n(200, "any")
+    );
+    // A name the a listener claims through its TLS connection, asked with another Host: 421.
+    assert_eq!(call(10443, "a.alt.test", "any.alt.test"), pair_n(421, ""));
+    // Certificates stay on their port: the fixed HTTPS frontend does not serve a.alt.test's
+    // (verification fails), the port-10443 frontend does not serve fixed.test's, and the
+    // fixed listener keeps working on the fixed frontend.
+    assert_eq!(call(s.proxy.ports.https, "a.alt.test", "a.alt.test").0, 0);
+    assert_eq!(call(10443, "fixed.test", "fixed.test").0, 0);
+    assert_eq!(
+        call(s.proxy.ports.https, "fixed.test", "fixed.test"),
+        pair_n(200, "fixed")
+    );
+    let gw = status_of(&s.render_output, "Gateway", "default/alt").expect("Gateway status");
+    for name in ["a", "any", "fixed"] {
+        let l = listener(&gw, name);
+        assert_eq!(
+            condition(&l["conditions"], "Programmed"),
+            pair("True", "Programmed"),
+            "{l}"
+        );
+    }
+}
+
+#[test]
+fn gateway_tls_listener_on_another_port_passes_raw_tls_through() {
+    let dir = harness::TempDir::new("pki-gw-tls-other-port");
+    let pki = harness::Pki::new(dir.path());
+    let (cert, key) = pki.server_files("db", &["db.alt.test", "x.wild.alt.test"]);
+    let (ip, port) = (harness::unique_loopback(), 9443);
+    let _db = harness::TlsServer::start(&cert, &key, &ip, port);
+    let mut m = harness::tls_service_yaml_in("team", "db", &ip, port);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&gateway_yaml(
+        "alt",
+        r#"    - {name: pt, protocol: TLS, port: 10443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}
+"#,
+    ));
+    m.push_str(&tls_route(
+        "team",
+        "db",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: alt, namespace: default, port: 10443}]\n  hostnames: [db.alt.test, \"*.wild.alt.test\"]\n  rules: [{backendRefs: [{name: db, port: 443}]}]\n",
+    ));
+    let s = Scenario::start("gateway-tls-other-port", &m, &[]);
+    let proxy_ip = s.proxy.ports.ip.clone();
+    let ca = pki.ca.display().to_string();
+    let call = |port: u16, sni: &str| {
+        let resolve = format!("{sni}:{port}:{proxy_ip}");
+        let r = harness::get(
+            &format!("https://{sni}:{port}/"),
+            &["--resolve", &resolve, "--cacert", &ca],
+        );
+        r.status == 200 && r.body.contains("s_server")
+    };
+    // Exact and wildcard names reach the TLS backend undecrypted on the listener's port (the
+    // client verifies the backend's own certificate).
+    assert!(call(10443, "db.alt.test"));
+    assert!(call(10443, "x.wild.alt.test"));
+    // A name no route has is rejected on that port, and the route is not on 443.
+    assert!(!call(10443, "other.alt.test"));
+    assert!(!call(s.proxy.ports.https, "db.alt.test"));
+    let gw = status_of(&s.render_output, "Gateway", "default/alt").expect("Gateway status");
+    let l = listener(&gw, "pt");
+    assert_eq!(
+        condition(&l["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+    assert_eq!(l["attachedRoutes"], 1, "{l}");
+    assert_eq!(kinds_of(l), ["TLSRoute"]);
+}

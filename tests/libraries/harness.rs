@@ -547,3 +547,77 @@ impl Pki {
 pub fn tls_service_yaml_in(ns: &str, name: &str, ip: &str, port: u16) -> String {
     format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: {name}}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n")
 }
+
+/// A raw TCP server on 127.0.0.1: every chunk it reads is written back after `<name>:`, so a
+/// client sees which backend carried its bytes. Ends its accept loop on drop.
+pub struct TcpEcho {
+    pub port: u16,
+    stop: Arc<AtomicBool>,
+}
+
+impl TcpEcho {
+    pub fn start(name: &str) -> TcpEcho {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind TCP echo backend");
+        let port = listener.local_addr().expect("TCP echo address").port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (thread_stop, prefix) = (stop.clone(), format!("{name}:"));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if thread_stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                if let Ok(mut conn) = conn {
+                    let prefix = prefix.clone();
+                    std::thread::spawn(move || {
+                        let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                        let mut buf = [0u8; 4096];
+                        while let Ok(n @ 1..) = conn.read(&mut buf) {
+                            let mut out = prefix.as_bytes().to_vec();
+                            out.extend_from_slice(&buf[..n]);
+                            if conn.write_all(&out).is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        TcpEcho { port, stop }
+    }
+}
+
+impl Drop for TcpEcho {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+/// Sends `payload` over a new TCP connection to `ip:port` and returns what came back before
+/// the peer closed, the answer ended with `payload` (a [`TcpEcho`] answer is complete), at
+/// least `expect` bytes arrived, or 5 seconds passed (a connection refused or reset returns
+/// what arrived, usually nothing).
+pub fn tcp_exchange(ip: &str, port: u16, payload: &[u8], expect: usize) -> Vec<u8> {
+    let Ok(mut conn) = TcpStream::connect((ip, port)) else {
+        return Vec::new();
+    };
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    if conn.write_all(payload).is_err() {
+        return Vec::new();
+    }
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while got.len() < expect && !got.ends_with(payload) {
+        match conn.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    got
+}
+
+/// YAML for a Service `ns/name` with one port `tcp` (`svc_port`) and an EndpointSlice pointing
+/// at 127.0.0.1:`port`.
+pub fn tcp_service_yaml(ns: &str, name: &str, svc_port: u16, port: u16) -> String {
+    format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{ports: [{{name: tcp, port: {svc_port}}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: {name}}}}}\nports: [{{name: tcp, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n")
+}

@@ -275,3 +275,65 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         );
     }
 }
+
+/// A newer Ingress of another namespace passing a wildcard through (either annotation library)
+/// would take, undecrypted, every name under it that no passthrough entry has: the names older
+/// Ingresses of other namespaces serve with their own certificates too (host ownership lets
+/// `*.victim.test` coexist with an older `a.victim.test`; exact wins for HTTP, not for SNI).
+/// The attackers' TLS backend holds a certificate for the wildcards from the same CA, so a
+/// takeover would verify. The victim's names must keep its own certificate and backend.
+#[test]
+fn passthrough_wildcards_cannot_take_a_victims_tls_name() {
+    let dir = super::harness::TempDir::new("pki-hostile-pt");
+    let pki = super::harness::Pki::new(dir.path());
+    let (cert, key) = pki.server_files("evil-backend", &["*.victim.test", "*.victim2.test"]);
+    let (ip, port) = (super::harness::unique_loopback(), 9443);
+    let _evil_tls = super::harness::TlsServer::start(&cert, &key, &ip, port);
+    let victim = Echo::start("victim");
+    let mut m = service_yaml("victim", "web", &victim);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("victim", "site-tls", &["a.victim.test", "a.victim2.test"]));
+    let rule = |host: &str, svc: &str, port: &str| {
+        format!("{{host: \"{host}\", http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: {svc}, port: {port}}}}}}}]}}}}")
+    };
+    m.push_str(&format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: site, namespace: victim, creationTimestamp: \"2024-01-01T00:00:00Z\"}}\n\
+         spec: {{ingressClassName: haproxy, tls: [{{hosts: [a.victim.test, a.victim2.test], secretName: site-tls}}], rules: [{}, {}]}}\n",
+        rule("a.victim.test", "web", "{name: http}"),
+        rule("a.victim2.test", "web", "{name: http}")
+    ));
+    for (ns, annotation, host) in [
+        (
+            "atk-hi",
+            "haproxy-ingress.github.io/ssl-passthrough",
+            "*.victim.test",
+        ),
+        ("atk-ht", "haproxy.org/ssl-passthrough", "*.victim2.test"),
+    ] {
+        m.push_str(&super::harness::tls_service_yaml_in(ns, "tls", &ip, port));
+        m.push_str(&format!(
+            "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: x, namespace: {ns}, creationTimestamp: \"2024-06-01T00:00:00Z\", annotations: {{{annotation}: \"true\"}}}}\n\
+             spec: {{ingressClassName: haproxy, rules: [{}]}}\n",
+            rule(host, "tls", "{number: 443}")
+        ));
+    }
+    let s = Scenario::start("hostile-passthrough-wildcard", &m, &[]);
+    for host in ["a.victim.test", "a.victim2.test"] {
+        let r = s.proxy.https(host, "/", &pki.ca, &[]);
+        assert_eq!(
+            (r.status, r.backend()),
+            (200, Some("victim")),
+            "{host}: {r:?}"
+        );
+        assert!(!r.body.contains("s_server"), "{host}: {r:?}");
+    }
+    for ns in ["atk-hi", "atk-ht"] {
+        assert!(
+            s.render_output.lines().any(|l| l
+                .contains(&format!("Ingress {ns}/x: left out of the configuration"))
+                && l.contains("a wildcard host cannot be passed through")),
+            "no refusal of {ns}/x:\n{}",
+            s.render_output
+        );
+    }
+}
