@@ -76,6 +76,22 @@ fn routed_cluster_with(webhook: bool, insecure_agents: bool) -> (Cluster, Backen
     (c, web)
 }
 
+/// Each pod's HAProxy worker pid. The master's CLI does not answer while it re-executes
+/// itself for a reload, which can still be finishing when the new worker already serves.
+fn worker_pids(c: &Cluster) -> Vec<u32> {
+    c.pods
+        .iter()
+        .map(|p| {
+            let mut pid = None;
+            wait_for("the master CLI names the worker", DEADLINE, || {
+                pid = p.worker_pid();
+                pid.is_some()
+            });
+            pid.unwrap_or_default()
+        })
+        .collect()
+}
+
 /// Backend names answering `host` on every pod over `n` requests each.
 fn seen_backends(c: &Cluster, host: &str, n: usize) -> BTreeSet<String> {
     let mut seen = BTreeSet::new();
@@ -178,8 +194,7 @@ fn ingress_routes_and_deletion_stops_routing() {
 #[test]
 fn endpoint_scaling_is_runtime_and_template_changes_apply_live() {
     let (c, web1) = routed_cluster(false);
-    let pids: Vec<_> = c.pods.iter().map(|p| p.worker_pid()).collect();
-    assert!(pids.iter().all(Option::is_some), "worker pids: {pids:?}");
+    let pids = worker_pids(&c);
 
     // Scale out: both backends serve, and HAProxy was not reloaded.
     let web2 = Backend::start("web-2");
@@ -193,7 +208,7 @@ fn endpoint_scaling_is_runtime_and_template_changes_apply_live() {
     wait_for("only web-2 serves", DEADLINE, || {
         seen_backends(&c, "web.example.com", 6) == BTreeSet::from(["web-2".to_string()])
     });
-    let after: Vec<_> = c.pods.iter().map(|p| p.worker_pid()).collect();
+    let after = worker_pids(&c);
     assert_eq!(pids, after, "endpoint changes must not reload HAProxy");
 
     // A template edit in the HAProxyTemplateConfig reaches traffic without a restart.
