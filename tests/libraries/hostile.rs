@@ -337,3 +337,42 @@ fn passthrough_wildcards_cannot_take_a_victims_tls_name() {
         );
     }
 }
+
+const GATEWAY_CLASS: &str = "---\napiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: haproxy}\nspec: {controllerName: haproxy-haptic.org/controller}\n";
+
+/// Host ownership across kinds is decided by age: a newer Ingress of another namespace (no
+/// annotation at all) naming the host of an older TLSRoute is left out, and the name passes
+/// through to the TLSRoute's backend (bf03990 let any Ingress take it: the TLSRoute was left
+/// out and HTTPS to the name was terminated and routed to the attacker).
+#[test]
+fn a_newer_ingress_cannot_take_an_older_tlsroutes_name() {
+    let dir = super::harness::TempDir::new("pki-review-tlsroute");
+    let pki = super::harness::Pki::new(dir.path());
+    let (cert, key) = pki.server_files("victim-db", &["tls.victim.test"]);
+    let (ip, port) = (super::harness::unique_loopback(), 9443);
+    let _db = super::harness::TlsServer::start(&cert, &key, &ip, port);
+    let evil = Echo::start("evil");
+    let mut m = super::harness::tls_service_yaml_in("victim", "db", &ip, port);
+    m.push_str(&service_yaml("evil", "web", &evil));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(GATEWAY_CLASS);
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: tls, namespace: default}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: pt, protocol: TLS, port: 443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}\n");
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: TLSRoute\nmetadata: {name: db, namespace: victim, creationTimestamp: \"2024-01-01T00:00:00Z\", generation: 1}\nspec:\n  parentRefs: [{name: tls, namespace: default, sectionName: pt}]\n  hostnames: [tls.victim.test]\n  rules: [{backendRefs: [{name: db, port: 443}]}]\n");
+    m.push_str(&ingress(
+        "evil",
+        "x",
+        "tls.victim.test",
+        &[],
+        "/",
+        "Prefix",
+        "2024-06-01T00:00:00Z",
+    ));
+    let s = Scenario::start("hostile-tlsroute-vs-ingress", &m, &[]);
+    let r = s.proxy.https("tls.victim.test", "/", &pki.ca, &[]);
+    assert!(
+        r.status == 200 && r.body.contains("s_server"),
+        "the older TLSRoute's name must pass through to its backend: {r:?}\n{}",
+        s.render_output
+    );
+    assert_ne!(s.proxy.http("tls.victim.test", "/").backend(), Some("evil"));
+}
