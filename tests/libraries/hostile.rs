@@ -376,3 +376,54 @@ fn a_newer_ingress_cannot_take_an_older_tlsroutes_name() {
     );
     assert_ne!(s.proxy.http("tls.victim.test", "/").backend(), Some("evil"));
 }
+
+fn served_certificate(p: &super::harness::HAProxy, sni: &str) -> String {
+    let out = std::process::Command::new("openssl")
+        .arg("s_client")
+        .arg("-connect")
+        .arg(format!("{}:{}", p.ports.ip, p.ports.https))
+        .args(["-servername", sni])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run openssl s_client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("subject="))
+        .map(|s| s.replace(' ', "").trim_start_matches("CN=").to_string())
+        .unwrap_or_else(|| panic!("no certificate for {sni}: {text}"))
+}
+
+/// A host-less HTTPS listener serves its first certificate only (the default one, behind a
+/// placeholder SNI filter). Its second certificate, naming victim.test (self-made: any name
+/// its tenant likes), was written as a crt-list line without an SNI filter (6beba4c), so
+/// HAProxy registered every name in it, and the line of namespace `a-evil` sorted before the
+/// victim Ingress's certificate and answered victim.test.
+#[test]
+fn a_hostless_listeners_other_certificates_cannot_take_a_victims_sni() {
+    let dir = super::harness::TempDir::new("pki-review-hostless");
+    let pki = super::harness::Pki::new(dir.path());
+    let victim = Echo::start("victim");
+    let mut m = service_yaml("victim", "web", &victim);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("victim", "site-tls", &["victim.test"]));
+    m.push_str(&pki.secret_yaml("a-evil", "first", &["evil-first.invalid"]));
+    m.push_str(&pki.secret_yaml("a-evil", "second", &["evil-second.invalid", "victim.test"]));
+    m.push_str(GATEWAY_CLASS);
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: g, namespace: a-evil, creationTimestamp: \"2025-01-01T00:00:00Z\"}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: any, protocol: HTTPS, port: 443, tls: {certificateRefs: [{name: first}, {name: second}]}}\n");
+    m.push_str("---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: site, namespace: victim, creationTimestamp: \"2024-01-01T00:00:00Z\"}\nspec: {ingressClassName: haproxy, tls: [{hosts: [victim.test], secretName: site-tls}], rules: [{host: victim.test, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}}]}}]}\n");
+    let s = Scenario::start("hostile-hostless-second-cert", &m, &[]);
+    let crt_list =
+        std::fs::read_to_string(s.out.path().join("general/crt-list.txt")).unwrap_or_default();
+    assert_eq!(
+        served_certificate(&s.proxy, "victim.test"),
+        "victim.test",
+        "crt-list.txt:\n{crt_list}"
+    );
+    assert!(!crt_list.contains("a-evil_second"), "{crt_list}");
+    assert!(
+        s.render_output
+            .contains("only its first certificate is served"),
+        "the listener's Accepted message says so:\n{}",
+        s.render_output
+    );
+}
