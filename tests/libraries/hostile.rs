@@ -427,3 +427,43 @@ fn a_hostless_listeners_other_certificates_cannot_take_a_victims_sni() {
         s.render_output
     );
 }
+
+/// Host ownership across kinds, HTTPRoute against Ingress: a newer Ingress of another
+/// namespace naming an older HTTPRoute's host is left out. Before, Ingress host ownership knew
+/// only Ingresses and the Ingress maps route before the Gateway rules, so the Ingress took the
+/// name's HTTP (and, on a shared HTTPS listener, HTTPS) traffic; with an ssl-passthrough
+/// annotation it took the raw TLS too.
+#[test]
+fn a_newer_ingress_cannot_take_an_older_httproutes_name() {
+    let victim = Echo::start("victim");
+    let evil = Echo::start("evil");
+    let mut m = service_yaml("victim", "web", &victim);
+    m.push_str(&service_yaml("evil", "web", &evil));
+    m.push_str(GATEWAY_CLASS);
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: default}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: http, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: All}}}\n");
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: app, namespace: victim, creationTimestamp: \"2024-01-01T00:00:00Z\", generation: 1}\nspec:\n  parentRefs: [{name: gw, namespace: default, sectionName: http}]\n  hostnames: [gw.victim.test]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n");
+    m.push_str(&ingress(
+        "evil",
+        "x",
+        "gw.victim.test",
+        &[],
+        "/",
+        "Prefix",
+        "2024-06-01T00:00:00Z",
+    ));
+    let s = Scenario::start("hostile-httproute-vs-ingress", &m, &[]);
+    let r = s.proxy.http("gw.victim.test", "/");
+    assert_eq!(
+        (r.status, r.backend()),
+        (200, Some("victim")),
+        "{r:?}\n{}",
+        s.render_output
+    );
+    assert!(
+        s.render_output.contains(
+            "host gw.victim.test belongs to namespace victim (HTTPRoute victim/app claimed it first)"
+        ),
+        "{}",
+        s.render_output
+    );
+}
