@@ -2,7 +2,9 @@
 # Apply latency of haptic-agent against a real HAProxy (master-worker) with a 1,000-backend
 # configuration (10 server slots each, a 1,000-entry host map):
 #   - runtime-class change: one endpoint moves to another address (no reload)
-#   - reload-class change:  one backend's balance algorithm flips (reload, new worker)
+#   - reload-class change:  one backend's balance algorithm flips (reload, new worker), pushed
+#                           as is (the agent checks it) and with X-Haptic-Checked-With naming
+#                           the running release (the controller checked it; no second check)
 # Latency is measured at the client (curl over mutual TLS, PUT /v1/bundle) and as reported by
 # the agent (timings_ms: validate = haproxy -c, runtime, reload, total).
 #
@@ -96,11 +98,11 @@ for _ in $(seq 100); do
 done
 curl -sf "http://127.0.0.1:$probe_port/healthz" >/dev/null || { echo "agent did not start:" >&2; cat "$work/agent.log" >&2; exit 1; }
 
-# put FILE -> prints "client_ms result validate runtime reload total"
+# put FILE [HEADER] -> prints "client_ms result validate runtime reload total"
 put() {
   local out
   out=$(curl -sS --cacert "$work/certs/ca.crt" --cert "$work/certs/controller.crt" --key "$work/certs/controller.key" \
-    -X PUT --data-binary "@$1" -H 'Content-Type: application/json' -H 'Expect:' \
+    -X PUT --data-binary "@$1" -H 'Content-Type: application/json' -H 'Expect:' ${2:+-H "$2"} \
     -w '\n%{time_total}' "https://127.0.0.1:$api_port/v1/bundle")
   python3 - "$out" <<'PY'
 import json, sys
@@ -137,8 +139,17 @@ PY
 
 : > "$work/runtime.rows"
 for i in $(seq "$rounds"); do gen "move-$i"; put "$work/move-$i.json" >> "$work/runtime.rows"; done
+# The two kinds of reload alternate, so that drift on a busy machine affects both alike.
+release=$("$haproxy" -v | head -1 | awk '{print $3}')
 : > "$work/reload.rows"
-for i in $(seq "$rounds"); do gen "balance-$i"; put "$work/balance-$i.json" >> "$work/reload.rows"; done
+: > "$work/reload-checked.rows"
+for i in $(seq "$rounds"); do
+  gen "balance-$((2 * i - 1))"; put "$work/balance-$((2 * i - 1)).json" >> "$work/reload.rows"
+  gen "balance-$((2 * i))"
+  put "$work/balance-$((2 * i)).json" "X-Haptic-Checked-With: $release" >> "$work/reload-checked.rows"
+done
+
 
 summary "runtime-class change (endpoint move, 1 server)" "$work/runtime.rows"
 summary "reload-class change (balance algorithm of 1 backend)" "$work/reload.rows"
+summary "reload-class change checked by the controller (X-Haptic-Checked-With)" "$work/reload-checked.rows"

@@ -226,7 +226,7 @@ Status writes are granted for the kinds templates set status on (Ingress and the
 {{- $spec := include "haptic.configSpec" . | fromJson -}}
 {{- $watch := dict -}}
 {{- $status := dict -}}
-{{- $statusKinds := list "networking.k8s.io/ingresses" "gateway.networking.k8s.io/gatewayclasses" "gateway.networking.k8s.io/gateways" "gateway.networking.k8s.io/httproutes" "gateway.networking.k8s.io/grpcroutes" "gateway.networking.k8s.io/tlsroutes" "gateway.networking.k8s.io/tcproutes" "gateway.networking.k8s.io/udproutes" -}}
+{{- $statusKinds := list "networking.k8s.io/ingresses" "gateway.networking.k8s.io/gatewayclasses" "gateway.networking.k8s.io/gateways" "gateway.networking.k8s.io/httproutes" "gateway.networking.k8s.io/grpcroutes" "gateway.networking.k8s.io/tlsroutes" "gateway.networking.k8s.io/backendtlspolicies" "gateway.networking.k8s.io/tcproutes" "gateway.networking.k8s.io/udproutes" -}}
 {{- range $name, $w := (default dict $spec.watchedResources) -}}
 {{- if $w -}}
 {{- $group := "" -}}

@@ -20,7 +20,8 @@ use crate::render::context::StatusUpdate;
 /// Templates have no clock (and must render deterministically), so condition times are filled
 /// in here: `lastTransitionTime` is kept from the previous write while a condition's status is
 /// unchanged, and set to `now` when it changes or is new. Conditions are matched by `type`
-/// within the same place: list elements are matched by `name`, `parentRef` or position.
+/// within the same place: list elements are matched by `name`, `parentRef`, `ancestorRef`
+/// (policy statuses) or position.
 pub(crate) fn stamp_conditions(status: &mut Value, previous: Option<&Value>, now: &str) {
     match status {
         Value::Object(map) => {
@@ -53,7 +54,7 @@ pub(crate) fn stamp_conditions(status: &mut Value, previous: Option<&Value>, now
         Value::Array(items) => {
             for (i, item) in items.iter_mut().enumerate() {
                 let old_list = previous.and_then(Value::as_array);
-                let identity = ["name", "parentRef"]
+                let identity = ["name", "parentRef", "ancestorRef"]
                     .into_iter()
                     .find_map(|k| item.get(k).map(|v| (k, v.clone())));
                 let matched = old_list.and_then(|list| match &identity {
@@ -583,6 +584,23 @@ mod tests {
         assert_eq!(
             second["conditions"][0]["lastTransitionTime"], "T2",
             "status changed"
+        );
+    }
+
+    #[test]
+    fn policy_ancestors_are_matched_by_ancestor_ref() {
+        let mut first = json!({"ancestors": [{"ancestorRef": {"name": "gw"}, "conditions": [{"type": "Accepted", "status": "True"}]}]});
+        stamp_conditions(&mut first, None, "T1");
+        let mut second = json!({"ancestors": [{"ancestorRef": {"name": "new"}, "conditions": [{"type": "Accepted", "status": "True"}]},
+            {"ancestorRef": {"name": "gw"}, "conditions": [{"type": "Accepted", "status": "True"}]}]});
+        stamp_conditions(&mut second, Some(&first), "T2");
+        assert_eq!(
+            second["ancestors"][1]["conditions"][0]["lastTransitionTime"],
+            "T1"
+        );
+        assert_eq!(
+            second["ancestors"][0]["conditions"][0]["lastTransitionTime"],
+            "T2"
         );
     }
 }

@@ -1,10 +1,7 @@
 //! haproxy-ingress.github.io annotations under real traffic (CORS preflight, HSTS, app-root,
 //! redirect-to, rate limiting, path-type) and TLS passthrough to a TLS backend.
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
-use super::harness::{self, service_yaml, unique_loopback, Echo, Scenario, Tied};
+use super::harness::{self, service_yaml, unique_loopback, Echo, Scenario};
 
 fn ingress(name: &str, host: &str, annotations: &str, paths: &str) -> String {
     format!(
@@ -159,83 +156,17 @@ fn haproxy_ingress_cors_hsts_app_root_redirect_rate_limit_path_type() {
     );
 }
 
-/// `openssl s_server -www` on an address of its own: a TLS backend that answers with a status
-/// page.
-/// A leaf certificate for `names` from the test CA, as the files `openssl s_server` reads.
-fn backend_cert(pki: &harness::Pki, names: &[&str]) -> (std::path::PathBuf, std::path::PathBuf) {
-    let (crt, key) = pki.leaf("backend", names);
-    let (cert_file, key_file) = (pki.dir.join("backend.pem"), pki.dir.join("backend.key.pem"));
-    std::fs::write(&cert_file, crt).unwrap();
-    std::fs::write(&key_file, key).unwrap();
-    (cert_file, key_file)
-}
-
-/// YAML for a Service with one port `https` and an EndpointSlice pointing at a TLS server.
-fn tls_service_yaml(name: &str, ip: &str, port: u16) -> String {
-    format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n")
-}
-
-struct TlsServer(Child);
-
-impl TlsServer {
-    fn start(cert: &std::path::Path, key: &std::path::Path, ip: &str, port: u16) -> TlsServer {
-        TlsServer::start_with(cert, key, ip, port, &[])
-    }
-
-    /// With more `openssl s_server` arguments (`-Verify 1 -CAfile …` asks for a client
-    /// certificate).
-    fn start_with(
-        cert: &std::path::Path,
-        key: &std::path::Path,
-        ip: &str,
-        port: u16,
-        extra: &[&str],
-    ) -> TlsServer {
-        let child = Command::new("openssl")
-            .args(["s_server", "-quiet", "-www", "-accept"])
-            .arg(format!("{ip}:{port}"))
-            .arg("-cert")
-            .arg(cert)
-            .arg("-key")
-            .arg(key)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .tied()
-            .spawn()
-            .expect("start openssl s_server");
-        let server = TlsServer(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect((ip, port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "openssl s_server did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-}
-
-impl Drop for TlsServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     let dir = harness::TempDir::new("pki-pt");
     let pki = harness::Pki::new(dir.path());
-    let (cert, key) = backend_cert(&pki, &["pt.test"]);
+    let (cert, key) = pki.server_files("backend", &["pt.test"]);
     let (ip, port) = (unique_loopback(), 9443);
-    let _backend = TlsServer::start(&cert, &key, &ip, port);
+    let _backend = harness::TlsServer::start(&cert, &key, &ip, port);
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
     // The passthrough Service points at the TLS server.
-    m.push_str(&tls_service_yaml("tls", &ip, port));
+    m.push_str(&harness::tls_service_yaml_in("default", "tls", &ip, port));
     m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
     m.push_str(&pki.secret_yaml("default", "tls-app", &["app.test"]));
     m.push_str(concat!(
@@ -371,13 +302,13 @@ fn haproxytech_server_ca_and_server_crt_verify_tls_backends() {
     let pki = harness::Pki::new(dir.path());
     let other_dir = harness::TempDir::new("pki-server-ca-other");
     let other = harness::Pki::new(other_dir.path());
-    let (cert, key) = backend_cert(&pki, &["backend.internal"]);
+    let (cert, key) = pki.server_files("backend", &["backend.internal"]);
     let ip = unique_loopback();
     let (open_port, mtls_port) = (9443, 9444);
-    let _open = TlsServer::start(&cert, &key, &ip, open_port);
+    let _open = harness::TlsServer::start(&cert, &key, &ip, open_port);
     // This one asks for a client certificate from the test CA.
     let ca_path = pki.ca.display().to_string();
-    let _mtls = TlsServer::start_with(
+    let _mtls = harness::TlsServer::start_with(
         &cert,
         &key,
         &ip,
@@ -391,8 +322,10 @@ fn haproxytech_server_ca_and_server_crt_verify_tls_backends() {
             harness::base64(&pem)
         )
     };
-    let mut m = tls_service_yaml("open", &ip, open_port);
-    m.push_str(&tls_service_yaml("mtls", &ip, mtls_port));
+    let mut m = harness::tls_service_yaml_in("default", "open", &ip, open_port);
+    m.push_str(&harness::tls_service_yaml_in(
+        "default", "mtls", &ip, mtls_port,
+    ));
     m.push_str(&ca_secret("ca-good", &pki.ca));
     m.push_str(&ca_secret("ca-other", &other.ca));
     m.push_str(&pki.secret_yaml("default", "client", &["client.internal"]));
@@ -460,10 +393,10 @@ fn haproxytech_access_lists_apply_to_tls_passthrough() {
     let dir = harness::TempDir::new("pki-pt-acl");
     let pki = harness::Pki::new(dir.path());
     let hosts = ["allowed.test", "outside.test", "denied.test"];
-    let (cert, key) = backend_cert(&pki, &hosts);
+    let (cert, key) = pki.server_files("backend", &hosts);
     let (ip, port) = (unique_loopback(), 9443);
-    let _backend = TlsServer::start(&cert, &key, &ip, port);
-    let mut m = tls_service_yaml("tls", &ip, port);
+    let _backend = harness::TlsServer::start(&cert, &key, &ip, port);
+    let mut m = harness::tls_service_yaml_in("default", "tls", &ip, port);
     m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
     // Clients here connect from 127.0.0.0/8.
     for (name, list) in [
@@ -563,12 +496,12 @@ fn haproxytech_forwarded_for_false_stops_x_forwarded_for_for_its_ingress() {
 fn haproxy_ingress_ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     let dir = harness::TempDir::new("pki-hi-pt");
     let pki = harness::Pki::new(dir.path());
-    let (cert, key) = backend_cert(&pki, &["hipt.test", "outside.test"]);
+    let (cert, key) = pki.server_files("backend", &["hipt.test", "outside.test"]);
     let (ip, port) = (unique_loopback(), 9443);
-    let _backend = TlsServer::start(&cert, &key, &ip, port);
+    let _backend = harness::TlsServer::start(&cert, &key, &ip, port);
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
-    m.push_str(&tls_service_yaml("tls", &ip, port));
+    m.push_str(&harness::tls_service_yaml_in("default", "tls", &ip, port));
     // Another namespace's Service, for a newer Ingress that claims the same host.
     m.push_str(&service_yaml("evil", "tls", &web));
     m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));

@@ -439,11 +439,26 @@ struct GrpcEcho {
 
 impl GrpcEcho {
     fn start(python: &std::path::Path, name: &str) -> GrpcEcho {
+        GrpcEcho::start_with(python, &["server", name])
+    }
+
+    /// A gRPC server over TLS with this certificate and key.
+    fn start_tls(
+        python: &std::path::Path,
+        name: &str,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> GrpcEcho {
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        GrpcEcho::start_with(python, &["tls-server", name, &cert, &key])
+    }
+
+    fn start_with(python: &std::path::Path, args: &[&str]) -> GrpcEcho {
         use std::io::BufRead;
         let script = harness::root().join("tests/libraries/grpc_echo.py");
         let mut child = std::process::Command::new(python)
             .arg(&script)
-            .args(["server", name])
+            .args(args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .tied()
@@ -537,6 +552,123 @@ spec:
     assert_eq!(
         call("grpc.test", "/demo.Greeter/Hdr"),
         "status UNIMPLEMENTED"
+    );
+}
+
+#[test]
+fn grpc_routes_carry_tls_and_streaming_calls_through_the_https_listener() {
+    let python = grpc_python();
+    let dir = harness::TempDir::new("pki-gw-grpcs");
+    let pki = harness::Pki::new(dir.path());
+    let greeter = GrpcEcho::start(&python, "greeter");
+    let mut m = service_yaml_port("default", "greeter", greeter.port);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "grpcs-cert", &["grpcs.test"]));
+    m.push_str(&gateway_yaml(
+        "gws",
+        "    - {name: https, protocol: HTTPS, port: 443, hostname: grpcs.test, tls: {certificateRefs: [{name: grpcs-cert}]}}\n",
+    ));
+    m.push_str(
+        r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: grpcs, namespace: default, creationTimestamp: "2024-01-01T00:00:00Z", generation: 1}
+spec:
+  parentRefs: [{name: gws, sectionName: https}]
+  hostnames: [grpcs.test]
+  rules:
+    - matches: [{method: {service: demo.Greeter}}]
+      backendRefs: [{name: greeter, port: 80}]
+"#,
+    );
+    let s = Scenario::start("gateway-grpcs", &m, &[]);
+    let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.https);
+    let ca = pki.ca.display().to_string();
+    let run = |mode: &str, method: &str| {
+        let out = std::process::Command::new(&python)
+            .arg(harness::root().join("tests/libraries/grpc_echo.py"))
+            .args([mode, &target, "grpcs.test", &ca, method, "hi"])
+            .output()
+            .expect("gRPC client");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // TLS terminated by HAProxy with the listener's certificate (the client verifies it against
+    // the test CA and negotiates h2 by ALPN), then HTTP/2 cleartext to the gRPC server.
+    assert_eq!(
+        run("tls-call", "/demo.Greeter/Hello"),
+        "greeter /demo.Greeter/Hello hi"
+    );
+    // A server-streaming call: every message of the stream comes through, in order.
+    assert_eq!(
+        run("tls-stream", "/demo.Greeter/CountStream"),
+        "greeter /demo.Greeter/CountStream hi 0\ngreeter /demo.Greeter/CountStream hi 1\ngreeter /demo.Greeter/CountStream hi 2"
+    );
+    // A service no rule matches: HAProxy's 404 reaches the client as UNIMPLEMENTED.
+    assert_eq!(run("tls-call", "/demo.Other/Hello"), "status UNIMPLEMENTED");
+}
+
+#[test]
+fn backend_tls_policy_verifies_grpc_backends_over_tls() {
+    let python = grpc_python();
+    let dir = harness::TempDir::new("pki-gw-grpc-btls");
+    let pki = harness::Pki::new(dir.path());
+    let (cert, key) = pki.server_files("grpc-backend", &["grpc.internal"]);
+    let server = GrpcEcho::start_tls(&python, "secure", &cert, &key);
+    let mut m = String::new();
+    for svc in ["verified", "wrongname"] {
+        m.push_str(&service_yaml_port("default", svc, server.port));
+    }
+    let pem = std::fs::read_to_string(&pki.ca).expect("CA file");
+    let body: String = pem.lines().map(|l| format!("    {l}\n")).collect();
+    m.push_str(&format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: ca, namespace: default}}\ndata:\n  ca.crt: |\n{body}"));
+    m.push_str(GATEWAYS);
+    m.push_str(
+        r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: grpc, namespace: default, creationTimestamp: "2024-01-01T00:00:00Z", generation: 1}
+spec:
+  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [grpc.test]
+  rules:
+    - matches: [{method: {service: demo.Verified}}]
+      backendRefs: [{name: verified, port: 80}]
+    - matches: [{method: {service: demo.Wrong}}]
+      backendRefs: [{name: wrongname, port: 80}]
+"#,
+    );
+    for (svc, host) in [
+        ("verified", "grpc.internal"),
+        ("wrongname", "other.internal"),
+    ] {
+        m.push_str(&backend_tls_policy(
+            svc,
+            "2024-01-01T00:00:00Z",
+            &format!("{{targetRefs: [{{group: '', kind: Service, name: {svc}}}], validation: {{caCertificateRefs: [{{group: '', kind: ConfigMap, name: ca}}], hostname: {host}}}}}"),
+        ));
+    }
+    let s = Scenario::start("gateway-grpc-btls", &m, &[]);
+    let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
+    let call = |method: &str| {
+        let out = std::process::Command::new(&python)
+            .arg(harness::root().join("tests/libraries/grpc_echo.py"))
+            .args(["client", &target, "grpc.test", method, "hi"])
+            .output()
+            .expect("gRPC client");
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    // HTTP/2 cleartext from the client, HTTP/2 over TLS (ALPN h2) from HAProxy to the server,
+    // whose certificate is verified against the ConfigMap's CA and the name grpc.internal.
+    assert_eq!(
+        call("/demo.Verified/Hello"),
+        "secure /demo.Verified/Hello hi"
+    );
+    // The certificate does not carry other.internal: HAProxy's 503 reaches the client as
+    // UNAVAILABLE, the call never reaches the server unverified.
+    assert_eq!(call("/demo.Wrong/Hello"), "status UNAVAILABLE");
+    assert_eq!(
+        policy_conditions(&s.render_output, "verified"),
+        (pair("True", "Accepted"), pair("True", "ResolvedRefs"))
     );
 }
 
@@ -669,6 +801,17 @@ fn gateway_backend_ref_filters_apply_to_their_backend_only() {
         - name: one
           port: 80
           filters: [{type: RequestMirror, requestMirror: {backendRef: {name: two, port: 80}}}]
+    - matches: [{path: {type: PathPrefix, value: /pick}}]
+      backendRefs:
+        - name: one
+          port: 80
+          filters: [{type: URLRewrite, urlRewrite: {hostname: one.internal, path: {type: ReplacePrefixMatch, replacePrefixMatch: /rewritten}}}]
+        - name: two
+          port: 80
+          filters: [{type: RequestRedirect, requestRedirect: {hostname: moved.test, statusCode: 302}}]
+    - matches: [{path: {type: PathPrefix, value: /both}}]
+      filters: [{type: URLRewrite, urlRewrite: {hostname: rule.test}}]
+      backendRefs: [{name: one, port: 80, filters: [{type: URLRewrite, urlRewrite: {hostname: be.internal}}]}]
 "#,
     ));
     let s = Scenario::start("gateway-befilters", &m, &[]);
@@ -698,6 +841,30 @@ fn gateway_backend_ref_filters_apply_to_their_backend_only() {
         2,
         "both backends were chosen in 40 requests: {seen:?}"
     );
+    // URLRewrite and RequestRedirect on backendRefs: a request that chose `one` reaches it
+    // rewritten (prefix and Host), one that chose `two` is redirected and reaches no backend.
+    let mut picked = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let r = p.http("be.test", "/pick/x?q=1");
+        match r.status {
+            200 => {
+                assert_eq!(r.backend(), Some("one"));
+                assert_eq!(r.echoed("path"), Some("/rewritten/x?q=1"));
+                assert_eq!(r.echoed("host"), Some("one.internal"));
+                picked.insert("rewritten");
+            }
+            302 => {
+                assert_eq!(r.backend(), None);
+                assert_eq!(r.header("location"), Some("http://moved.test/pick/x?q=1"));
+                picked.insert("redirected");
+            }
+            other => panic!("unexpected {other}: {r:?}"),
+        }
+    }
+    assert_eq!(picked.len(), 2, "both backendRefs were chosen: {picked:?}");
+    // A backendRef URLRewrite after the rule's own would act on the rewritten request: the
+    // rule answers 500, named in the status.
+    assert_eq!(p.http("be.test", "/both").status, 500);
     // A filter kind HAProxy cannot do (mirroring) still makes its rule answer 500, and the
     // route's status says so.
     assert_eq!(p.http("be.test", "/mirror").status, 500);
@@ -709,6 +876,11 @@ fn gateway_backend_ref_filters_apply_to_their_backend_only() {
         message.contains("rule 1: backendRef filter RequestMirror is not supported"),
         "{message}"
     );
+    assert!(
+        message.contains("rule 3: a backendRef URLRewrite or RequestRedirect together with the rule's own URLRewrite or RequestRedirect is not supported (answers 500)"),
+        "{message}"
+    );
+    assert!(!message.contains("rule 2"), "{message}");
 }
 
 /// The common name of the certificate HAProxy's HTTPS frontend serves for `sni` (`None`: a
@@ -1038,6 +1210,181 @@ fn gateway_route_ignored_retry_and_session_persistence_are_reported() {
     );
 }
 
+/// A BackendTLSPolicy manifest in `default` (`spec` is its flow-style spec).
+fn backend_tls_policy(name: &str, ts: &str, spec: &str) -> String {
+    format!("---\napiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {{name: {name}, namespace: default, creationTimestamp: \"{ts}\", generation: 2}}\nspec: {spec}\n")
+}
+
+/// The Accepted and ResolvedRefs (status, reason) of a BackendTLSPolicy's entry for Gateway
+/// default/gw.
+fn policy_conditions(render_output: &str, name: &str) -> ((String, String), (String, String)) {
+    let st = status_of(
+        render_output,
+        "BackendTLSPolicy",
+        &format!("default/{name}"),
+    )
+    .unwrap_or_else(|| panic!("no status for BackendTLSPolicy {name}:\n{render_output}"));
+    let ancestors = st["ancestors"].as_array().expect("ancestors");
+    assert_eq!(ancestors.len(), 1, "{st}");
+    let a = &ancestors[0];
+    assert_eq!(a["ancestorRef"]["name"], "gw", "{st}");
+    assert_eq!(a["ancestorRef"]["namespace"], "default", "{st}");
+    assert_eq!(a["controllerName"], "haproxy-haptic.org/controller");
+    assert_eq!(a["conditions"][0]["observedGeneration"], 2);
+    (
+        condition(&a["conditions"], "Accepted"),
+        condition(&a["conditions"], "ResolvedRefs"),
+    )
+}
+
+#[test]
+fn backend_tls_policy_verifies_backends_by_ca_and_hostname() {
+    let dir = harness::TempDir::new("pki-gw-btls");
+    let pki = harness::Pki::new(dir.path());
+    let other_dir = harness::TempDir::new("pki-gw-btls-other");
+    let other = harness::Pki::new(other_dir.path());
+    let (cert, key) = pki.server_files("backend", &["backend.internal"]);
+    let (ip, port) = (harness::unique_loopback(), 9443);
+    let _backend = harness::TlsServer::start(&cert, &key, &ip, port);
+    let names = [
+        "good",
+        "wrongname",
+        "wrongca",
+        "missingca",
+        "hostile",
+        "system",
+        "plain",
+    ];
+    let mut m = String::new();
+    for n in names {
+        m.push_str(&harness::tls_service_yaml_in("default", n, &ip, port));
+    }
+    let configmap = |name: &str, ca: &std::path::Path| {
+        let pem = std::fs::read_to_string(ca).expect("CA file");
+        let body: String = pem.lines().map(|l| format!("    {l}\n")).collect();
+        format!("---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: {name}, namespace: default}}\ndata:\n  ca.crt: |\n{body}")
+    };
+    m.push_str(&configmap("ca-good", &pki.ca));
+    m.push_str(&configmap("ca-other", &other.ca));
+    m.push_str(GATEWAYS);
+    let mut rules = String::from(
+        "  parentRefs: [{name: gw, sectionName: http}]\n  hostnames: [btls.test]\n  rules:\n",
+    );
+    for n in names {
+        rules.push_str(&format!("    - matches: [{{path: {{type: PathPrefix, value: /{n}}}}}]\n      backendRefs: [{{name: {n}, port: 443}}]\n"));
+    }
+    m.push_str(&route("default", "btls", "2024-01-01T00:00:00Z", &rules));
+    let policy = |name: &str, ts: &str, svc: &str, validation: &str| {
+        backend_tls_policy(
+            name,
+            ts,
+            &format!("{{targetRefs: [{{group: '', kind: Service, name: {svc}, sectionName: https}}], validation: {validation}}}"),
+        )
+    };
+    let ca = |cm: &str, host: &str| {
+        format!(
+            "{{caCertificateRefs: [{{group: '', kind: ConfigMap, name: {cm}}}], hostname: {host}}}"
+        )
+    };
+    let t0 = "2024-01-01T00:00:00Z";
+    m.push_str(&policy(
+        "good",
+        t0,
+        "good",
+        &ca("ca-good", "backend.internal"),
+    ));
+    // Newer, for the same Service port, and wrong: Conflicted, and the older one still applies.
+    m.push_str(&policy(
+        "good-newer",
+        "2024-02-01T00:00:00Z",
+        "good",
+        &ca("ca-other", "other.internal"),
+    ));
+    m.push_str(&policy(
+        "wrongname",
+        t0,
+        "wrongname",
+        &ca("ca-good", "elsewhere.internal"),
+    ));
+    m.push_str(&policy(
+        "wrongca",
+        t0,
+        "wrongca",
+        &ca("ca-other", "backend.internal"),
+    ));
+    m.push_str(&policy(
+        "missingca",
+        t0,
+        "missingca",
+        &ca("nope", "backend.internal"),
+    ));
+    m.push_str(&policy(
+        "hostile",
+        t0,
+        "hostile",
+        &ca("ca-good", "'backend.internal verify none'"),
+    ));
+    // The test CA is not a system CA: verification against the system bundle fails.
+    m.push_str(&policy(
+        "system",
+        t0,
+        "system",
+        "{wellKnownCACertificates: System, hostname: backend.internal}",
+    ));
+    let s = Scenario::start("gateway-btls", &m, &[]);
+    let p = &s.proxy;
+    let get = |path: &str| {
+        let r = p.http("btls.test", path);
+        (r.status, r.body.contains("s_server"))
+    };
+    // Verified against the ConfigMap's CA, with SNI and the certificate name backend.internal:
+    // openssl's status page answers through HAProxy.
+    assert_eq!(get("/good"), (200, true));
+    // The certificate does not carry the policy's hostname, or another CA signed it, or there
+    // is no system CA for it: the TLS session fails and HAProxy answers 503. A policy without
+    // a usable CA, or left out for a hostile value, refuses requests itself (503): none of them
+    // is ever sent unverified.
+    for path in [
+        "/wrongname",
+        "/wrongca",
+        "/system",
+        "/missingca",
+        "/hostile",
+    ] {
+        assert_eq!(get(path), (503, false), "{path}");
+    }
+    // Without a policy, HAProxy speaks plain HTTP to the TLS port: no answer from it.
+    assert_ne!(get("/plain"), (200, true));
+    let out = &s.render_output;
+    assert_eq!(
+        policy_conditions(out, "good"),
+        (pair("True", "Accepted"), pair("True", "ResolvedRefs"))
+    );
+    assert_eq!(
+        policy_conditions(out, "good-newer").0,
+        pair("False", "Conflicted")
+    );
+    assert_eq!(
+        policy_conditions(out, "wrongca"),
+        (pair("True", "Accepted"), pair("True", "ResolvedRefs"))
+    );
+    assert_eq!(
+        policy_conditions(out, "missingca"),
+        (
+            pair("False", "NoValidCACertificate"),
+            pair("False", "InvalidCACertificateRef")
+        )
+    );
+    assert_eq!(
+        policy_conditions(out, "hostile").0,
+        pair("False", "Invalid")
+    );
+    assert!(
+        out.contains("BackendTLSPolicy default/hostile: left out of the configuration: spec.validation.hostname: \"backend.internal verify none\" contains a space"),
+        "{out}"
+    );
+}
+
 /// The status the render declared for one object of group/version `api`, parsed.
 fn status_in(render_output: &str, api: &str, kind: &str, id: &str) -> Option<Value> {
     let prefix = format!("status {api} {kind} {id}: ");
@@ -1081,7 +1428,7 @@ fn gateway_http_listener_on_another_port_serves_its_routes() {
     - {name: alt, protocol: HTTP, port: 9080, allowedRoutes: {namespaces: {from: All}}}
     - {name: status, protocol: HTTP, port: 8404}
     - {name: low, protocol: HTTP, port: 81}
-    - {name: https-alt, protocol: HTTPS, port: 9444, tls: {certificateRefs: [{name: nope}]}}
+    - {name: webhook, protocol: HTTP, port: 9443}
 "#,
     );
     m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: later, namespace: other, creationTimestamp: \"2030-01-01T00:00:00Z\"}\nspec:\n  gatewayClassName: haproxy\n  listeners: [{name: tcp-on-9080, protocol: TCP, port: 9080}]\n");
@@ -1125,7 +1472,7 @@ fn gateway_http_listener_on_another_port_serves_its_routes() {
     assert_eq!(on(9080, "other.test"), pair_n(404, ""));
     // Refused ports are not bound.
     assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 81)).is_err());
-    assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 9444)).is_err());
+    assert!(std::net::TcpStream::connect((p.ports.ip.as_str(), 9443)).is_err());
 
     let gw = status_of(&s.render_output, "Gateway", "default/ports").expect("Gateway status");
     let l = listener(&gw, "alt");
@@ -1135,7 +1482,7 @@ fn gateway_http_listener_on_another_port_serves_its_routes() {
     );
     assert_eq!(l["attachedRoutes"], 1, "{l}");
     assert_eq!(kinds_of(l), ["HTTPRoute", "GRPCRoute"]);
-    for name in ["status", "low", "https-alt"] {
+    for name in ["status", "low", "webhook"] {
         let l = listener(&gw, name);
         assert_eq!(
             condition(&l["conditions"], "Accepted"),
@@ -1190,6 +1537,7 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
         r#"    - {name: tcp, protocol: TCP, port: 9000, allowedRoutes: {namespaces: {from: All}}}
     - {name: nogrant, protocol: TCP, port: 9001, allowedRoutes: {namespaces: {from: All}}}
     - {name: empty, protocol: TCP, port: 9002}
+    - {name: split, protocol: TCP, port: 9003, allowedRoutes: {namespaces: {from: All}}}
 "#,
     ));
     for (name, ts, section, backend) in [
@@ -1211,6 +1559,12 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
             "nogrant",
             "{name: db2, namespace: other, port: 5432}",
         ),
+        (
+            "split",
+            "2024-01-03T00:00:00Z",
+            "split",
+            "{name: db, port: 5432, weight: 1}, {name: db2, port: 5432, weight: 1}",
+        ),
     ] {
         m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {{name: {name}, namespace: team, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n  parentRefs: [{{name: tcp, namespace: default, sectionName: {section}}}]\n  rules: [{{backendRefs: [{backend}]}}]\n"));
     }
@@ -1225,6 +1579,15 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
     // route: the connection is closed without reaching any backend.
     assert_eq!(harness::tcp_exchange(ip, 9001, b"hello", 9), b"");
     assert_eq!(harness::tcp_exchange(ip, 9002, b"hello", 9), b"");
+    // Weights 1:1 choose a backend per connection: over 40 connections both carry bytes (each
+    // connection's answer comes whole from one of them).
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let got = harness::tcp_exchange(ip, 9003, b"x", 5);
+        assert!(got == b"db:x" || got == b"db2:x", "{got:?}");
+        seen.insert(got);
+    }
+    assert_eq!(seen.len(), 2, "both weighted backends carry connections");
 
     let api = "gateway.networking.k8s.io/v1alpha2";
     let st = status_in(&s.render_output, api, "TCPRoute", "team/db").expect("status");
@@ -1257,4 +1620,122 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
         condition(&l["conditions"], "Programmed"),
         pair("True", "Programmed")
     );
+}
+
+#[test]
+fn gateway_https_listeners_on_another_port_serve_their_own_certificates() {
+    let dir = harness::TempDir::new("pki-gw-other-port");
+    let pki = harness::Pki::new(dir.path());
+    let (a, any, fixed) = (Echo::start("a"), Echo::start("any"), Echo::start("fixed"));
+    let mut m = service_yaml("default", "a", &a);
+    m.push_str(&service_yaml("default", "any", &any));
+    m.push_str(&service_yaml("default", "fixed", &fixed));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "a-cert", &["a.alt.test", "b.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "any-cert", &["any.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "fixed-cert", &["fixed.test"]));
+    m.push_str(&gateway_yaml(
+        "alt",
+        r#"    - {name: a, protocol: HTTPS, port: 10443, hostname: a.alt.test, tls: {certificateRefs: [{name: a-cert}]}}
+    - {name: any, protocol: HTTPS, port: 10443, tls: {certificateRefs: [{name: any-cert}]}}
+    - {name: fixed, protocol: HTTPS, port: 443, hostname: fixed.test, tls: {certificateRefs: [{name: fixed-cert}]}}
+"#,
+    ));
+    for name in ["a", "any", "fixed"] {
+        m.push_str(&route(
+            "default",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: alt, sectionName: {name}}}]\n  rules: [{{backendRefs: [{{name: {name}, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-https-other-port", &m, &[]);
+    let ip = s.proxy.ports.ip.clone();
+    let ca = pki.ca.display().to_string();
+    // curl verifies the certificate against the test CA for the name it asked for.
+    let call = |port: u16, sni: &str, host: &str| {
+        let resolve = format!("{sni}:{port}:{ip}");
+        let header = format!("Host: {host}");
+        let r = harness::get(
+            &format!("https://{sni}:{port}/"),
+            &["--resolve", &resolve, "--cacert", &ca, "-H", &header],
+        );
+        (r.status, r.backend().unwrap_or("").to_string())
+    };
+    // The listener's certificate on its port, and its routes.
+    assert_eq!(call(10443, "a.alt.test", "a.alt.test"), pair_n(200, "a"));
+    // The host-less listener of the port serves its certificate for names nobody claims, and
+    // its routes answer them.
+    assert_eq!(
+        call(10443, "any.alt.test", "any.alt.test"),
+        pair_n(200, "any")
+    );
+    // A name the a listener claims through its TLS connection, asked with another Host: 421.
+    assert_eq!(call(10443, "a.alt.test", "any.alt.test"), pair_n(421, ""));
+    // Certificates stay on their port: the fixed HTTPS frontend does not serve a.alt.test's
+    // (verification fails), the port-10443 frontend does not serve fixed.test's, and the
+    // fixed listener keeps working on the fixed frontend.
+    assert_eq!(call(s.proxy.ports.https, "a.alt.test", "a.alt.test").0, 0);
+    assert_eq!(call(10443, "fixed.test", "fixed.test").0, 0);
+    assert_eq!(
+        call(s.proxy.ports.https, "fixed.test", "fixed.test"),
+        pair_n(200, "fixed")
+    );
+    let gw = status_of(&s.render_output, "Gateway", "default/alt").expect("Gateway status");
+    for name in ["a", "any", "fixed"] {
+        let l = listener(&gw, name);
+        assert_eq!(
+            condition(&l["conditions"], "Programmed"),
+            pair("True", "Programmed"),
+            "{l}"
+        );
+    }
+}
+
+#[test]
+fn gateway_tls_listener_on_another_port_passes_raw_tls_through() {
+    let dir = harness::TempDir::new("pki-gw-tls-other-port");
+    let pki = harness::Pki::new(dir.path());
+    let (cert, key) = pki.server_files("db", &["db.alt.test", "x.wild.alt.test"]);
+    let (ip, port) = (harness::unique_loopback(), 9443);
+    let _db = harness::TlsServer::start(&cert, &key, &ip, port);
+    let mut m = harness::tls_service_yaml_in("team", "db", &ip, port);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&gateway_yaml(
+        "alt",
+        r#"    - {name: pt, protocol: TLS, port: 10443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}
+"#,
+    ));
+    m.push_str(&tls_route(
+        "team",
+        "db",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: alt, namespace: default, port: 10443}]\n  hostnames: [db.alt.test, \"*.wild.alt.test\"]\n  rules: [{backendRefs: [{name: db, port: 443}]}]\n",
+    ));
+    let s = Scenario::start("gateway-tls-other-port", &m, &[]);
+    let proxy_ip = s.proxy.ports.ip.clone();
+    let ca = pki.ca.display().to_string();
+    let call = |port: u16, sni: &str| {
+        let resolve = format!("{sni}:{port}:{proxy_ip}");
+        let r = harness::get(
+            &format!("https://{sni}:{port}/"),
+            &["--resolve", &resolve, "--cacert", &ca],
+        );
+        r.status == 200 && r.body.contains("s_server")
+    };
+    // Exact and wildcard names reach the TLS backend undecrypted on the listener's port (the
+    // client verifies the backend's own certificate).
+    assert!(call(10443, "db.alt.test"));
+    assert!(call(10443, "x.wild.alt.test"));
+    // A name no route has is rejected on that port, and the route is not on 443.
+    assert!(!call(10443, "other.alt.test"));
+    assert!(!call(s.proxy.ports.https, "db.alt.test"));
+    let gw = status_of(&s.render_output, "Gateway", "default/alt").expect("Gateway status");
+    let l = listener(&gw, "pt");
+    assert_eq!(
+        condition(&l["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+    assert_eq!(l["attachedRoutes"], 1, "{l}");
+    assert_eq!(kinds_of(l), ["TLSRoute"]);
 }

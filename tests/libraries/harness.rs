@@ -494,6 +494,12 @@ pub struct TlsServer(Child);
 
 impl TlsServer {
     pub fn start(cert: &Path, key: &Path, ip: &str, port: u16) -> TlsServer {
+        TlsServer::start_with(cert, key, ip, port, &[])
+    }
+
+    /// With more `openssl s_server` arguments (`-Verify 1 -CAfile …` asks for a client
+    /// certificate).
+    pub fn start_with(cert: &Path, key: &Path, ip: &str, port: u16, extra: &[&str]) -> TlsServer {
         let child = Command::new("openssl")
             .args(["s_server", "-quiet", "-www", "-accept"])
             .arg(format!("{ip}:{port}"))
@@ -501,6 +507,7 @@ impl TlsServer {
             .arg(cert)
             .arg("-key")
             .arg(key)
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -594,8 +601,9 @@ impl Drop for TcpEcho {
 }
 
 /// Sends `payload` over a new TCP connection to `ip:port` and returns what came back before
-/// the peer closed, `expect` bytes arrived, or 5 seconds passed (a connection refused or reset
-/// returns what arrived, usually nothing).
+/// the peer closed, the answer ended with `payload` (a [`TcpEcho`] answer is complete), at
+/// least `expect` bytes arrived, or 5 seconds passed (a connection refused or reset returns
+/// what arrived, usually nothing).
 pub fn tcp_exchange(ip: &str, port: u16, payload: &[u8], expect: usize) -> Vec<u8> {
     let Ok(mut conn) = TcpStream::connect((ip, port)) else {
         return Vec::new();
@@ -606,7 +614,7 @@ pub fn tcp_exchange(ip: &str, port: u16, payload: &[u8], expect: usize) -> Vec<u
     }
     let mut got = Vec::new();
     let mut buf = [0u8; 4096];
-    while got.len() < expect {
+    while got.len() < expect && !got.ends_with(payload) {
         match conn.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
