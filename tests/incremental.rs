@@ -5,8 +5,9 @@
 //! The cluster is rendered through the six shipped libraries. Changes cover what makes
 //! replay hard: shared state read across units (host ownership, the oldest default backend),
 //! ordering (creation timestamps), `first_seen` (backends shared by two paths), statuses,
-//! Secrets read by certificate units, endpoints and `current_config` slots, and objects that
-//! are refused and later fixed.
+//! Secrets read by certificate units, endpoints and `current_config` slots, objects that
+//! are refused and later fixed, and HTTPRoutes/TLSRoutes contesting Ingress hosts (host
+//! ownership across kinds, decided by age).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -113,6 +114,68 @@ fn ingress(rng: &mut Rng, ns: &str, name: &str, generation: u64) -> Value {
             "annotations": annotations},
         "spec": spec,
     })
+}
+
+/// An HTTPRoute or a TLSRoute (store name, object) on the Gateway `default/gw`: hostnames of
+/// its namespace or contested ones, with the Ingresses' creation timestamps, so that host
+/// ownership across kinds changes hands in both directions.
+fn route(rng: &mut Rng, ns: &str, name: &str, generation: u64) -> (&'static str, Value) {
+    let tls = rng.below(3) == 0;
+    let mut hostnames = Vec::new();
+    for _ in 0..rng.below(3) {
+        let h = if rng.below(2) == 0 {
+            rng.pick(&HOSTS).to_string()
+        } else {
+            format!("{ns}-{}.test", rng.below(3))
+        };
+        if !h.is_empty() && !hostnames.contains(&h) {
+            hostnames.push(h);
+        }
+    }
+    let section = if tls {
+        "pt"
+    } else {
+        *rng.pick(&["http", "wide"])
+    };
+    let (store, kind) = if tls {
+        ("tlsroutes", "TLSRoute")
+    } else {
+        ("httproutes", "HTTPRoute")
+    };
+    let object = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
+        "metadata": {"name": name, "namespace": ns, "resourceVersion": generation.to_string(),
+            "generation": 1,
+            "creationTimestamp": format!("2024-01-01T00:00:{:02}Z", rng.below(30))},
+        "spec": {"parentRefs": [{"name": "gw", "namespace": "default", "sectionName": section}],
+            "hostnames": hostnames,
+            "rules": [{"backendRefs": [{"name": format!("svc{}", rng.below(3)), "port": 80}]}]},
+    });
+    (store, object)
+}
+
+/// Our GatewayClass and one Gateway that admits routes of every namespace.
+fn gateway_objects() -> [(&'static str, Value); 2] {
+    [
+        (
+            "gatewayclasses",
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass",
+                "metadata": {"name": "haproxy"},
+                "spec": {"controllerName": "haproxy-haptic.org/controller"}}),
+        ),
+        (
+            "gateways",
+            json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+                "metadata": {"name": "gw", "namespace": "default"},
+                "spec": {"gatewayClassName": "haproxy", "listeners": [
+                    {"name": "http", "protocol": "HTTP", "port": 80,
+                        "allowedRoutes": {"namespaces": {"from": "All"}}},
+                    {"name": "wide", "protocol": "HTTP", "port": 80, "hostname": "*.w.test",
+                        "allowedRoutes": {"namespaces": {"from": "All"}}},
+                    {"name": "pt", "protocol": "TLS", "port": 443, "tls": {"mode": "Passthrough"},
+                        "allowedRoutes": {"namespaces": {"from": "All"}}}]}}),
+        ),
+    ]
 }
 
 fn rules_hosts(spec: &Value) -> Vec<&str> {
@@ -259,6 +322,8 @@ struct Exercised {
     rendered: usize,
     ok_renders: usize,
     with_dropped: usize,
+    /// Renders where an Ingress and a route of different namespaces contested a name.
+    cross_kind: usize,
     spliced: usize,
 }
 
@@ -276,10 +341,13 @@ fn run_sequence(seed: u64, steps: usize) -> Exercised {
             cluster.upsert("services", service(ns, &format!("svc{s}")));
         }
     }
+    for (store, object) in gateway_objects() {
+        cluster.upsert(store, object);
+    }
     for step in 0..steps {
         generation += 1;
         let ns = *rng.pick(&NAMESPACES);
-        match rng.below(10) {
+        match rng.below(13) {
             0..=3 => {
                 let name = format!("ing{}", rng.below(4));
                 let obj = ingress(&mut rng, ns, &name, generation);
@@ -300,6 +368,27 @@ fn run_sequence(seed: u64, steps: usize) -> Exercised {
                     cluster.upsert("secrets", obj);
                 }
             }
+            9 | 10 => {
+                let name = format!("rt{}", rng.below(3));
+                let (store, obj) = route(&mut rng, ns, &name, generation);
+                // one kind per name: the other kind's object of that name goes
+                let other = if store == "tlsroutes" {
+                    "httproutes"
+                } else {
+                    "tlsroutes"
+                };
+                cluster.delete(other, ns, &name);
+                cluster.upsert(store, obj);
+            }
+            11 => {
+                let name = format!("rt{}", rng.below(3));
+                let store = if rng.below(2) == 0 {
+                    "httproutes"
+                } else {
+                    "tlsroutes"
+                };
+                cluster.delete(store, ns, &name);
+            }
             _ => {} // nothing changed: a pure replay
         }
         let inputs = cluster.inputs(current.clone());
@@ -310,6 +399,13 @@ fn run_sequence(seed: u64, steps: usize) -> Exercised {
                 seen.ok_renders += 1;
                 if !b.dropped.is_empty() {
                     seen.with_dropped += 1;
+                }
+                let contested = |d: String| {
+                    (d.starts_with("Ingress ") && d.contains("Route "))
+                        || (d.contains("Route ") && d.contains("(Ingress "))
+                };
+                if b.dropped.iter().any(|d| contested(d.to_string())) {
+                    seen.cross_kind += 1;
                 }
                 let (a, b) = (describe(a), describe(b));
                 assert!(
@@ -343,11 +439,15 @@ fn incremental_renders_equal_full_renders_over_random_changes() {
     for seed in [0x9E37_79B9_7F4A_7C15, 42, 7_777_777] {
         let seen = run_sequence(seed, steps);
         eprintln!(
-            "seed {seed}: {} of {steps} renders succeeded, {} with objects left out, {} spliced; units replayed {}, rendered {}",
-            seen.ok_renders, seen.with_dropped, seen.spliced, seen.replayed, seen.rendered
+            "seed {seed}: {} of {steps} renders succeeded, {} with objects left out ({} contested across kinds), {} spliced; units replayed {}, rendered {}",
+            seen.ok_renders, seen.with_dropped, seen.cross_kind, seen.spliced, seen.replayed, seen.rendered
         );
         // The sequences must exercise what they claim to, or the comparison proves nothing:
         // successful renders, replayed units, and objects left out.
+        assert!(
+            seen.cross_kind > 0,
+            "seed {seed}: no render had an Ingress and a route contesting a name"
+        );
         assert!(
             seen.ok_renders * 10 >= steps * 9,
             "seed {seed}: only {} of {steps} renders succeeded",

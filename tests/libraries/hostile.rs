@@ -337,3 +337,133 @@ fn passthrough_wildcards_cannot_take_a_victims_tls_name() {
         );
     }
 }
+
+const GATEWAY_CLASS: &str = "---\napiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: haproxy}\nspec: {controllerName: haproxy-haptic.org/controller}\n";
+
+/// Host ownership across kinds is decided by age: a newer Ingress of another namespace (no
+/// annotation at all) naming the host of an older TLSRoute is left out, and the name passes
+/// through to the TLSRoute's backend (bf03990 let any Ingress take it: the TLSRoute was left
+/// out and HTTPS to the name was terminated and routed to the attacker).
+#[test]
+fn a_newer_ingress_cannot_take_an_older_tlsroutes_name() {
+    let dir = super::harness::TempDir::new("pki-review-tlsroute");
+    let pki = super::harness::Pki::new(dir.path());
+    let (cert, key) = pki.server_files("victim-db", &["tls.victim.test"]);
+    let (ip, port) = (super::harness::unique_loopback(), 9443);
+    let _db = super::harness::TlsServer::start(&cert, &key, &ip, port);
+    let evil = Echo::start("evil");
+    let mut m = super::harness::tls_service_yaml_in("victim", "db", &ip, port);
+    m.push_str(&service_yaml("evil", "web", &evil));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(GATEWAY_CLASS);
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: tls, namespace: default}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: pt, protocol: TLS, port: 443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}\n");
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: TLSRoute\nmetadata: {name: db, namespace: victim, creationTimestamp: \"2024-01-01T00:00:00Z\", generation: 1}\nspec:\n  parentRefs: [{name: tls, namespace: default, sectionName: pt}]\n  hostnames: [tls.victim.test]\n  rules: [{backendRefs: [{name: db, port: 443}]}]\n");
+    m.push_str(&ingress(
+        "evil",
+        "x",
+        "tls.victim.test",
+        &[],
+        "/",
+        "Prefix",
+        "2024-06-01T00:00:00Z",
+    ));
+    let s = Scenario::start("hostile-tlsroute-vs-ingress", &m, &[]);
+    let r = s.proxy.https("tls.victim.test", "/", &pki.ca, &[]);
+    assert!(
+        r.status == 200 && r.body.contains("s_server"),
+        "the older TLSRoute's name must pass through to its backend: {r:?}\n{}",
+        s.render_output
+    );
+    assert_ne!(s.proxy.http("tls.victim.test", "/").backend(), Some("evil"));
+}
+
+fn served_certificate(p: &super::harness::HAProxy, sni: &str) -> String {
+    let out = std::process::Command::new("openssl")
+        .arg("s_client")
+        .arg("-connect")
+        .arg(format!("{}:{}", p.ports.ip, p.ports.https))
+        .args(["-servername", sni])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run openssl s_client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("subject="))
+        .map(|s| s.replace(' ', "").trim_start_matches("CN=").to_string())
+        .unwrap_or_else(|| panic!("no certificate for {sni}: {text}"))
+}
+
+/// A host-less HTTPS listener serves its first certificate only (the default one, behind a
+/// placeholder SNI filter). Its second certificate, naming victim.test (self-made: any name
+/// its tenant likes), was written as a crt-list line without an SNI filter (6beba4c), so
+/// HAProxy registered every name in it, and the line of namespace `a-evil` sorted before the
+/// victim Ingress's certificate and answered victim.test.
+#[test]
+fn a_hostless_listeners_other_certificates_cannot_take_a_victims_sni() {
+    let dir = super::harness::TempDir::new("pki-review-hostless");
+    let pki = super::harness::Pki::new(dir.path());
+    let victim = Echo::start("victim");
+    let mut m = service_yaml("victim", "web", &victim);
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("victim", "site-tls", &["victim.test"]));
+    m.push_str(&pki.secret_yaml("a-evil", "first", &["evil-first.invalid"]));
+    m.push_str(&pki.secret_yaml("a-evil", "second", &["evil-second.invalid", "victim.test"]));
+    m.push_str(GATEWAY_CLASS);
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: g, namespace: a-evil, creationTimestamp: \"2025-01-01T00:00:00Z\"}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: any, protocol: HTTPS, port: 443, tls: {certificateRefs: [{name: first}, {name: second}]}}\n");
+    m.push_str("---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {name: site, namespace: victim, creationTimestamp: \"2024-01-01T00:00:00Z\"}\nspec: {ingressClassName: haproxy, tls: [{hosts: [victim.test], secretName: site-tls}], rules: [{host: victim.test, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {name: http}}}}]}}]}\n");
+    let s = Scenario::start("hostile-hostless-second-cert", &m, &[]);
+    let crt_list =
+        std::fs::read_to_string(s.out.path().join("general/crt-list.txt")).unwrap_or_default();
+    assert_eq!(
+        served_certificate(&s.proxy, "victim.test"),
+        "victim.test",
+        "crt-list.txt:\n{crt_list}"
+    );
+    assert!(!crt_list.contains("a-evil_second"), "{crt_list}");
+    assert!(
+        s.render_output
+            .contains("only its first certificate is served"),
+        "the listener's Accepted message says so:\n{}",
+        s.render_output
+    );
+}
+
+/// Host ownership across kinds, HTTPRoute against Ingress: a newer Ingress of another
+/// namespace naming an older HTTPRoute's host is left out. Before, Ingress host ownership knew
+/// only Ingresses and the Ingress maps route before the Gateway rules, so the Ingress took the
+/// name's HTTP (and, on a shared HTTPS listener, HTTPS) traffic; with an ssl-passthrough
+/// annotation it took the raw TLS too.
+#[test]
+fn a_newer_ingress_cannot_take_an_older_httproutes_name() {
+    let victim = Echo::start("victim");
+    let evil = Echo::start("evil");
+    let mut m = service_yaml("victim", "web", &victim);
+    m.push_str(&service_yaml("evil", "web", &evil));
+    m.push_str(GATEWAY_CLASS);
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: default}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: http, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: All}}}\n");
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: app, namespace: victim, creationTimestamp: \"2024-01-01T00:00:00Z\", generation: 1}\nspec:\n  parentRefs: [{name: gw, namespace: default, sectionName: http}]\n  hostnames: [gw.victim.test]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n");
+    m.push_str(&ingress(
+        "evil",
+        "x",
+        "gw.victim.test",
+        &[],
+        "/",
+        "Prefix",
+        "2024-06-01T00:00:00Z",
+    ));
+    let s = Scenario::start("hostile-httproute-vs-ingress", &m, &[]);
+    let r = s.proxy.http("gw.victim.test", "/");
+    assert_eq!(
+        (r.status, r.backend()),
+        (200, Some("victim")),
+        "{r:?}\n{}",
+        s.render_output
+    );
+    assert!(
+        s.render_output.contains(
+            "host gw.victim.test belongs to namespace victim (HTTPRoute victim/app claimed it first)"
+        ),
+        "{}",
+        s.render_output
+    );
+}
