@@ -883,28 +883,6 @@ fn gateway_backend_ref_filters_apply_to_their_backend_only() {
     assert!(!message.contains("rule 2"), "{message}");
 }
 
-/// The common name of the certificate HAProxy's HTTPS frontend serves for `sni` (`None`: a
-/// client that sends no SNI), as `openssl s_client` sees it.
-fn served_certificate(p: &harness::HAProxy, sni: Option<&str>) -> String {
-    let mut cmd = std::process::Command::new("openssl");
-    cmd.arg("s_client")
-        .arg("-connect")
-        .arg(format!("{}:{}", p.ports.ip, p.ports.https));
-    match sni {
-        Some(name) => cmd.args(["-servername", name]),
-        None => cmd.arg("-noservername"),
-    };
-    let out = cmd
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run openssl s_client");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix("subject="))
-        .map(|s| s.replace(' ', "").trim_start_matches("CN=").to_string())
-        .unwrap_or_else(|| panic!("no certificate for {sni:?}: {text}"))
-}
-
 #[test]
 fn gateway_hostless_https_listener_serves_its_certificate_for_unclaimed_names() {
     let dir = harness::TempDir::new("pki-gw-hostless");
@@ -964,14 +942,20 @@ spec:
     // A name no listener claims, and a client without SNI: the host-less listener's
     // certificate, not the admin's default one.
     assert_eq!(
-        served_certificate(p, Some("unknown.example")),
+        harness::served_certificate(p, Some("unknown.example")),
         "catchall.test"
     );
-    assert_eq!(served_certificate(p, None), "catchall.test");
+    assert_eq!(harness::served_certificate(p, None), "catchall.test");
     // The more specific listener keeps its name.
-    assert_eq!(served_certificate(p, Some("secure.test")), "secure.test");
+    assert_eq!(
+        harness::served_certificate(p, Some("secure.test")),
+        "secure.test"
+    );
     // The newer Gateway's host-less listener serves nothing, not even its certificate's name.
-    assert_eq!(served_certificate(p, Some("late.test")), "catchall.test");
+    assert_eq!(
+        harness::served_certificate(p, Some("late.test")),
+        "catchall.test"
+    );
     // Requests: verified for the certificate's own name; any other name reaches the host-less
     // listener's route over the same certificate (curl -k: it does not cover that name).
     let r = p.https("catchall.test", "/", &pki.ca, &[]);
@@ -1088,14 +1072,14 @@ fn tls_routes_pass_raw_tls_through_by_sni() {
     // Exact and wildcard names reach the TLS backend undecrypted (its certificate verifies).
     assert!(passed_through("db.test"));
     assert!(passed_through("x.wild.test"));
-    assert_eq!(served_certificate(p, Some("db.test")), "db.test");
+    assert_eq!(harness::served_certificate(p, Some("db.test")), "db.test");
     // A name of the HTTPS listener under the wildcard is terminated in HAProxy and routed.
     let r = p.https("secure.wild.test", "/", &pki.ca, &[]);
     assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
     // A name no TLSRoute has is not passed through: HAProxy terminates it with its default
     // certificate, and nothing routes it.
     assert_eq!(
-        served_certificate(p, Some("unknown.test")),
+        harness::served_certificate(p, Some("unknown.test")),
         "default.invalid"
     );
     let r = p.https("unknown.test", "/", &pki.ca, &["-k"]);

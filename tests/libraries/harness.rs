@@ -628,3 +628,25 @@ pub fn tcp_exchange(ip: &str, port: u16, payload: &[u8], expect: usize) -> Vec<u
 pub fn tcp_service_yaml(ns: &str, name: &str, svc_port: u16, port: u16) -> String {
     format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {{ports: [{{name: tcp, port: {svc_port}}}]}}\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: {name}-1, namespace: {ns}, labels: {{kubernetes.io/service-name: {name}}}}}\nports: [{{name: tcp, port: {port}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n")
 }
+
+/// The common name of the certificate HAProxy's HTTPS frontend serves for `sni` (`None`: a
+/// client that sends no SNI), as `openssl s_client` sees it.
+pub fn served_certificate(p: &HAProxy, sni: Option<&str>) -> String {
+    let mut cmd = std::process::Command::new("openssl");
+    cmd.arg("s_client")
+        .arg("-connect")
+        .arg(format!("{}:{}", p.ports.ip, p.ports.https));
+    match sni {
+        Some(name) => cmd.args(["-servername", name]),
+        None => cmd.arg("-noservername"),
+    };
+    let out = cmd
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run openssl s_client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("subject="))
+        .map(|s| s.replace(' ', "").trim_start_matches("CN=").to_string())
+        .unwrap_or_else(|| panic!("no certificate for {sni:?}: {text}"))
+}

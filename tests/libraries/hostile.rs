@@ -377,22 +377,6 @@ fn a_newer_ingress_cannot_take_an_older_tlsroutes_name() {
     assert_ne!(s.proxy.http("tls.victim.test", "/").backend(), Some("evil"));
 }
 
-fn served_certificate(p: &super::harness::HAProxy, sni: &str) -> String {
-    let out = std::process::Command::new("openssl")
-        .arg("s_client")
-        .arg("-connect")
-        .arg(format!("{}:{}", p.ports.ip, p.ports.https))
-        .args(["-servername", sni])
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("run openssl s_client");
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.lines()
-        .find_map(|l| l.strip_prefix("subject="))
-        .map(|s| s.replace(' ', "").trim_start_matches("CN=").to_string())
-        .unwrap_or_else(|| panic!("no certificate for {sni}: {text}"))
-}
-
 /// A host-less HTTPS listener serves its first certificate only (the default one, behind a
 /// placeholder SNI filter). Its second certificate, naming victim.test (self-made: any name
 /// its tenant likes), was written as a crt-list line without an SNI filter (6beba4c), so
@@ -415,7 +399,7 @@ fn a_hostless_listeners_other_certificates_cannot_take_a_victims_sni() {
     let crt_list =
         std::fs::read_to_string(s.out.path().join("general/crt-list.txt")).unwrap_or_default();
     assert_eq!(
-        served_certificate(&s.proxy, "victim.test"),
+        super::harness::served_certificate(&s.proxy, Some("victim.test")),
         "victim.test",
         "crt-list.txt:\n{crt_list}"
     );
