@@ -27,6 +27,20 @@ fn bundle(cfg: String, map: &str) -> Bundle {
     Bundle::new(cfg, vec![file(FileKind::Map, "maps/host.map", map)])
 }
 
+/// After a failed reload: the worker from before is still the current one, and still serves.
+fn assert_old_worker_serves(env: &Env, pid: u32) {
+    assert_eq!(
+        env.worker_pid(),
+        pid,
+        "the old worker is still the current one"
+    );
+    assert_eq!(
+        http_get(&env.fe, "a.example").unwrap(),
+        "a1",
+        "and still serves"
+    );
+}
+
 #[test]
 fn endpoint_moves_through_slots_are_runtime_and_keep_the_worker() {
     let env = Env::start(Options::default());
@@ -398,16 +412,7 @@ fn reload_failure_rolls_back_and_the_old_worker_keeps_serving() {
         "",
         "previous map restored"
     );
-    assert_eq!(
-        env.worker_pid(),
-        pid,
-        "the old worker is still the current one"
-    );
-    assert_eq!(
-        http_get(&env.fe, "a.example").unwrap(),
-        "a1",
-        "and still serves"
-    );
+    assert_old_worker_serves(&env, pid);
     let state = env.state();
     assert_eq!(state["bundle"], v1.hash().as_str());
     assert!(state["haproxy"]["failed_reloads"].as_u64().unwrap() > 0);
@@ -465,16 +470,7 @@ fn a_bundle_the_controller_checked_with_the_running_version_reloads_without_a_se
     assert_eq!(body["error"], "reload_failed");
     assert_eq!(body["rolled_back"], true);
     assert_eq!(env.disk("haproxy.cfg").unwrap(), cfg_before);
-    assert_eq!(
-        env.worker_pid(),
-        pid,
-        "the old worker is still the current one"
-    );
-    assert_eq!(
-        http_get(&env.fe, "a.example").unwrap(),
-        "a1",
-        "and still serves"
-    );
+    assert_old_worker_serves(&env, pid);
     let (status, body) = env.put_with(&bad, "", &[(api::CHECKED_WITH, &running)]);
     assert_eq!(status, 422, "{body:#}");
     assert_eq!(body["error"], "invalid_config");
