@@ -1023,7 +1023,11 @@ mod tests {
             "25h",
             "1S",
         ];
-        table(|v| gateway_duration(v, F, None), &good, &[HOSTILE, &bad].concat());
+        table(
+            |v| gateway_duration(v, F, None),
+            &good,
+            &[HOSTILE, &bad].concat(),
+        );
         assert_eq!(
             gateway_duration(Value::from("168h"), F, Some(8760))
                 .unwrap()

@@ -1186,7 +1186,8 @@ fn gateway_route_ignored_retry_and_header_session_persistence_are_reported() {
     let message = conditions[0]["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("rule 0: retry is not supported and is ignored")
-            && message.contains("rule 1: sessionPersistence type Header is not supported and is ignored"),
+            && message
+                .contains("rule 1: sessionPersistence type Header is not supported and is ignored"),
         "{message}"
     );
     // A route without them keeps the plain reason.
@@ -1789,13 +1790,20 @@ fn gateway_session_persistence_keeps_a_client_on_its_endpoint() {
         let header = format!("Cookie: SID={cookie}");
         for _ in 0..10 {
             let r = p.http_with("sticky.test", "/s/more", &["-H", &header]);
-            assert_eq!((r.status, r.backend()), (200, Some(backend.as_str())), "{r:?}");
+            assert_eq!(
+                (r.status, r.backend()),
+                (200, Some(backend.as_str())),
+                "{r:?}"
+            );
         }
     }
     // A cookie naming no server is balanced again and replaced.
     let r = p.http_with("sticky.test", "/s", &["-H", "Cookie: SID=b0-SRV_99"]);
     assert_eq!(r.status, 200, "{r:?}");
-    assert!(set_cookie(&r, "SID").is_some_and(|c| c != "b0-SRV_99"), "{r:?}");
+    assert!(
+        set_cookie(&r, "SID").is_some_and(|c| c != "b0-SRV_99"),
+        "{r:?}"
+    );
     // A rule without sessionPersistence sets no cookie.
     let r = p.http("sticky.test", "/plain");
     assert_eq!((r.status, r.header("set-cookie")), (200, None), "{r:?}");
@@ -1809,7 +1817,12 @@ fn gateway_session_persistence_keeps_a_client_on_its_endpoint() {
     );
     // A session cookie (the default) has none.
     let r = p.http("sticky.test", "/s");
-    assert!(!r.header("set-cookie").unwrap_or_default().contains("Max-Age"), "{r:?}");
+    assert!(
+        !r.header("set-cookie")
+            .unwrap_or_default()
+            .contains("Max-Age"),
+        "{r:?}"
+    );
 
     // Weighted backendRefs (two Services): the cookie also picks the Service.
     let mut by_service = std::collections::BTreeMap::new();
@@ -1817,15 +1830,26 @@ fn gateway_session_persistence_keeps_a_client_on_its_endpoint() {
         let r = p.http("sticky.test", "/w");
         assert_eq!(r.status, 200, "{r:?}");
         let cookie = set_cookie(&r, "WID").unwrap_or_else(|| panic!("no WID cookie: {r:?}"));
-        let service = if r.backend() == Some("b1") { "other" } else { "app" };
-        by_service.insert(service, (cookie, r.backend().unwrap_or_default().to_string()));
+        let service = if r.backend() == Some("b1") {
+            "other"
+        } else {
+            "app"
+        };
+        by_service.insert(
+            service,
+            (cookie, r.backend().unwrap_or_default().to_string()),
+        );
     }
     assert_eq!(by_service.len(), 2, "both Services chosen: {by_service:?}");
     for (cookie, backend) in by_service.values() {
         let header = format!("Cookie: WID={cookie}");
         for _ in 0..10 {
             let r = p.http_with("sticky.test", "/w", &["-H", &header]);
-            assert_eq!((r.status, r.backend()), (200, Some(backend.as_str())), "{r:?}");
+            assert_eq!(
+                (r.status, r.backend()),
+                (200, Some(backend.as_str())),
+                "{r:?}"
+            );
         }
     }
     // The route is accepted without notes.
@@ -1880,9 +1904,11 @@ fn gateway_request_mirror_copies_requests_without_changing_answers() {
             .collect()
     };
     let wait_mirrored = |path: &str| {
-        wait_for(&format!("a mirrored copy of {path}"), std::time::Duration::from_secs(10), || {
-            !shadow_got(path).is_empty()
-        })
+        wait_for(
+            &format!("a mirrored copy of {path}"),
+            std::time::Duration::from_secs(10),
+            || !shadow_got(path).is_empty(),
+        )
     };
 
     // The client's answer comes from the route's backend, unchanged; a copy (method, path and
@@ -1891,7 +1917,12 @@ fn gateway_request_mirror_copies_requests_without_changing_answers() {
     let r = p.http_with(
         "mirror.test",
         "/m?x=1",
-        &["-H", "X-Mirror-Test: yes", "-H", "X-Haptic-Mirror: gw_default_web_80"],
+        &[
+            "-H",
+            "X-Mirror-Test: yes",
+            "-H",
+            "X-Haptic-Mirror: gw_default_web_80",
+        ],
     );
     assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
     assert_eq!(r.echoed("path"), Some("/m?x=1"), "{r:?}");
