@@ -1035,7 +1035,7 @@ mod tests {
             "604800000"
         );
         assert!(gateway_duration(Value::from("8761h"), F, Some(8760)).is_err());
-        assert!(no(gateway_duration(Value::from("25h"), F))
+        assert!(no(gateway_duration(Value::from("25h"), F, None))
             .ends_with("is longer than the maximum of 24h"));
     }
 
