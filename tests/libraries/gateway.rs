@@ -1143,7 +1143,7 @@ fn tls_routes_pass_raw_tls_through_by_sni() {
 }
 
 #[test]
-fn gateway_route_ignored_retry_and_header_session_persistence_are_reported() {
+fn gateway_route_ignored_retry_and_header_session_timeouts_are_reported() {
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
     m.push_str(GATEWAYS);
@@ -1158,7 +1158,7 @@ fn gateway_route_ignored_retry_and_header_session_persistence_are_reported() {
       retry: {codes: [503], attempts: 2}
       backendRefs: [{name: web, port: 80}]
     - matches: [{path: {type: PathPrefix, value: /sticky}}]
-      sessionPersistence: {type: Header, sessionName: sticky}
+      sessionPersistence: {type: Header, sessionName: X-Session, absoluteTimeout: 1h}
       backendRefs: [{name: web, port: 80}]
 "#,
     ));
@@ -1186,8 +1186,7 @@ fn gateway_route_ignored_retry_and_header_session_persistence_are_reported() {
     let message = conditions[0]["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("rule 0: retry is not supported and is ignored")
-            && message
-                .contains("rule 1: sessionPersistence type Header is not supported and is ignored"),
+            && message.contains("rule 1: sessionPersistence absoluteTimeout, idleTimeout and cookieConfig are not supported for type Header and are ignored"),
         "{message}"
     );
     // A route without them keeps the plain reason.
@@ -1766,6 +1765,9 @@ fn gateway_session_persistence_keeps_a_client_on_its_endpoint() {
       backendRefs: [{name: app, port: 80, weight: 1}, {name: other, port: 80, weight: 1}]
     - matches: [{path: {type: PathPrefix, value: /plain}}]
       backendRefs: [{name: app, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /h}}]
+      sessionPersistence: {type: Header, sessionName: X-Session}
+      backendRefs: [{name: app, port: 80}]
 "#,
     ));
     let s = Scenario::start("gateway-session-persistence", &m, &[]);
@@ -1845,6 +1847,32 @@ fn gateway_session_persistence_keeps_a_client_on_its_endpoint() {
         let header = format!("Cookie: WID={cookie}");
         for _ in 0..10 {
             let r = p.http_with("sticky.test", "/w", &["-H", &header]);
+            assert_eq!(
+                (r.status, r.backend()),
+                (200, Some(backend.as_str())),
+                "{r:?}"
+            );
+        }
+    }
+    // Type Header: the answer names the endpoint's slot in the header; a request carrying it
+    // stays there; without it requests are balanced.
+    let mut by_header = std::collections::BTreeMap::new();
+    for _ in 0..12 {
+        let r = p.http("sticky.test", "/h");
+        assert_eq!(r.status, 200, "{r:?}");
+        let value = r.header("x-session").unwrap_or_default().to_string();
+        assert!(value.starts_with("b0-SRV_"), "{r:?}");
+        by_header.insert(r.backend().unwrap_or_default().to_string(), value);
+    }
+    assert_eq!(
+        by_header.len(),
+        3,
+        "balanced over every endpoint: {by_header:?}"
+    );
+    for (backend, value) in &by_header {
+        let header = format!("X-Session: {value}");
+        for _ in 0..10 {
+            let r = p.http_with("sticky.test", "/h", &["-H", &header]);
             assert_eq!(
                 (r.status, r.backend()),
                 (200, Some(backend.as_str())),
