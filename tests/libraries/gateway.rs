@@ -1977,6 +1977,15 @@ fn gateway_request_mirror_copies_requests_without_changing_answers() {
     // web as any header) did not send the copy there.
     let web_got = web.received();
     assert_eq!(web_got.len(), 2, "{web_got:?}");
+    // A body over 8 KiB reaches the backend whole; a copy, if one is made (only when the whole
+    // body had already arrived), is never truncated.
+    let big = "b".repeat(10_000);
+    let r = p.http_with("mirror.test", "/m/big", &["--data-binary", &big]);
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    assert!(web
+        .received()
+        .iter()
+        .any(|w| w.contains(&format!("body={big}\n"))));
 
     // 0 percent mirrors nothing; a mirror that is down or missing changes nothing for the
     // client. (A later copy of /m arriving shows that earlier ones had their chance.)
@@ -1995,6 +2004,12 @@ fn gateway_request_mirror_copies_requests_without_changing_answers() {
     p.http("mirror.test", "/m/last");
     wait_mirrored("/m/last");
     assert!(shadow_got("/zero").is_empty());
+    for copy in shadow_got("/m/big") {
+        assert!(
+            copy.contains(&format!("body={big}\n")),
+            "truncated copy: {copy}"
+        );
+    }
     wait_mirrored("/half");
     let half = shadow_got("/half").len();
     assert!(half < 40, "mirrored {half} of 40");
