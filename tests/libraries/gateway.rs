@@ -1723,3 +1723,59 @@ fn gateway_tls_listener_on_another_port_passes_raw_tls_through() {
     assert_eq!(l["attachedRoutes"], 1, "{l}");
     assert_eq!(kinds_of(l), ["TLSRoute"]);
 }
+
+#[test]
+fn tls_route_weights_split_connections_between_backends() {
+    let dir = harness::TempDir::new("pki-gw-tls-weights");
+    let pki = harness::Pki::new(dir.path());
+    // Two TLS backends with certificates for the same name; the certificate's common name
+    // tells which one a connection reached (TLS is passed through, not terminated).
+    let (cert_a, key_a) = pki.server_files("a", &["a-backend.test", "w.test"]);
+    let (cert_b, key_b) = pki.server_files("b", &["b-backend.test", "w.test"]);
+    let (ip_a, ip_b) = (harness::unique_loopback(), harness::unique_loopback());
+    let _a = harness::TlsServer::start(&cert_a, &key_a, &ip_a, 9443);
+    let _b = harness::TlsServer::start(&cert_b, &key_b, &ip_b, 9443);
+    let mut m = harness::tls_service_yaml_in("team", "a", &ip_a, 9443);
+    m.push_str(&harness::tls_service_yaml_in("team", "b", &ip_b, 9443));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&gateway_yaml(
+        "tls",
+        "    - {name: pt, protocol: TLS, port: 443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}\n",
+    ));
+    for (name, host, refs) in [
+        ("split", "w.test", "{name: a, port: 443, weight: 1}, {name: b, port: 443, weight: 1}"),
+        ("zero", "zero.test", "{name: a, port: 443, weight: 0}, {name: b, port: 443, weight: 1}"),
+        ("allzero", "allzero.test", "{name: a, port: 443, weight: 0}, {name: b, port: 443, weight: 0}"),
+    ] {
+        m.push_str(&tls_route(
+            "team",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: tls, namespace: default}}]\n  hostnames: [{host}]\n  rules: [{{backendRefs: [{refs}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-tls-weights", &m, &[]);
+    let p = &s.proxy;
+    // 1:1: over 40 connections both backends answer (each connection reaches one of them).
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let cn = harness::served_certificate(p, Some("w.test"));
+        assert!(cn == "a-backend.test" || cn == "b-backend.test", "{cn}");
+        seen.insert(cn);
+    }
+    assert_eq!(seen.len(), 2, "both weighted backends carry connections");
+    // Weight 0 gets nothing.
+    for _ in 0..10 {
+        assert_eq!(
+            harness::served_certificate(p, Some("zero.test")),
+            "b-backend.test"
+        );
+    }
+    // All weights 0: the connection is closed without a TLS session.
+    let r = p.https("allzero.test", "/", &pki.ca, &["-k"]);
+    assert_eq!(r.status, 0, "{r:?}");
+    let st = status_of(&s.render_output, "TLSRoute", "team/split").expect("status");
+    let c = &st["parents"][0]["conditions"];
+    assert_eq!(condition(c, "Accepted"), pair("True", "Accepted"));
+    assert_eq!(condition(c, "ResolvedRefs"), pair("True", "ResolvedRefs"));
+}
