@@ -1743,9 +1743,21 @@ fn tls_route_weights_split_connections_between_backends() {
         "    - {name: pt, protocol: TLS, port: 443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}\n",
     ));
     for (name, host, refs) in [
-        ("split", "w.test", "{name: a, port: 443, weight: 1}, {name: b, port: 443, weight: 1}"),
-        ("zero", "zero.test", "{name: a, port: 443, weight: 0}, {name: b, port: 443, weight: 1}"),
-        ("allzero", "allzero.test", "{name: a, port: 443, weight: 0}, {name: b, port: 443, weight: 0}"),
+        (
+            "split",
+            "w.test",
+            "{name: a, port: 443, weight: 1}, {name: b, port: 443, weight: 1}",
+        ),
+        (
+            "zero",
+            "zero.test",
+            "{name: a, port: 443, weight: 0}, {name: b, port: 443, weight: 1}",
+        ),
+        (
+            "allzero",
+            "allzero.test",
+            "{name: a, port: 443, weight: 0}, {name: b, port: 443, weight: 0}",
+        ),
     ] {
         m.push_str(&tls_route(
             "team",
@@ -1778,4 +1790,170 @@ fn tls_route_weights_split_connections_between_backends() {
     let c = &st["parents"][0]["conditions"];
     assert_eq!(condition(c, "Accepted"), pair("True", "Accepted"));
     assert_eq!(condition(c, "ResolvedRefs"), pair("True", "ResolvedRefs"));
+}
+
+/// A TLSRoute on `listener` of Gateway `mix` for `hosts`, to `backend` (port `bport`).
+fn tls_route_to(name: &str, listener: &str, hosts: &str, backend: &str, bport: u16) -> String {
+    tls_route(
+        "team",
+        name,
+        "2024-01-01T00:00:00Z",
+        &format!("  parentRefs: [{{name: mix, namespace: default, sectionName: {listener}}}]\n  hostnames: [{hosts}]\n  rules: [{{backendRefs: [{{name: {backend}, port: {bport}}}]}}]\n"),
+    )
+}
+
+#[test]
+fn tls_terminate_listeners_send_decrypted_bytes_to_tls_routes_and_share_ports_with_https() {
+    let dir = harness::TempDir::new("pki-gw-tls-terminate");
+    let pki = harness::Pki::new(dir.path());
+    let echo = harness::TcpEcho::start("echo");
+    let web = Echo::start("web");
+    let (cert, key) = pki.server_files("db", &["x.pt.alt.test"]);
+    let (ip, port) = (harness::unique_loopback(), 9443);
+    let _db = harness::TlsServer::start(&cert, &key, &ip, port);
+    let mut m = harness::tcp_service_yaml("team", "echo", 7000, echo.port);
+    m.push_str(&harness::tls_service_yaml_in("team", "db", &ip, port));
+    m.push_str(&service_yaml("team", "web", &web));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "term-cert", &["term.test"]));
+    m.push_str(&pki.secret_yaml("default", "web-cert", &["web.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "t-cert", &["*.t.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "only-cert", &["only.test"]));
+    m.push_str(&pki.secret_yaml("certs", "granted-cert", &["granted.test"]));
+    m.push_str(&pki.secret_yaml("certs2", "stolen-cert", &["stolen.test"]));
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: ReferenceGrant\nmetadata: {name: gw, namespace: certs}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: default}]\n  to: [{group: \"\", kind: Secret}]\n");
+    m.push_str(&gateway_yaml(
+        "mix",
+        r#"    - {name: term443, protocol: TLS, port: 443, hostname: term.test, tls: {mode: Terminate, certificateRefs: [{name: term-cert}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: web, protocol: HTTPS, port: 10443, hostname: web.alt.test, tls: {certificateRefs: [{name: web-cert}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: pt, protocol: TLS, port: 10443, hostname: "*.pt.alt.test", tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: term, protocol: TLS, port: 10443, hostname: "*.t.alt.test", tls: {mode: Terminate, certificateRefs: [{name: t-cert}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: only, protocol: TLS, port: 10444, hostname: only.test, tls: {certificateRefs: [{name: only-cert}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: granted, protocol: TLS, port: 10444, hostname: granted.test, tls: {certificateRefs: [{name: granted-cert, namespace: certs}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: nogrant, protocol: TLS, port: 10444, hostname: stolen.test, tls: {certificateRefs: [{name: stolen-cert, namespace: certs2}]}, allowedRoutes: {namespaces: {from: All}}}
+"#,
+    ));
+    m.push_str(&tls_route_to(
+        "term443",
+        "term443",
+        "term.test",
+        "echo",
+        7000,
+    ));
+    m.push_str(&tls_route_to("term", "term", "db.t.alt.test", "echo", 7000));
+    m.push_str(&tls_route_to("pt", "pt", "\"*.pt.alt.test\"", "db", 443));
+    m.push_str(&tls_route_to("only", "only", "only.test", "echo", 7000));
+    m.push_str(&tls_route_to(
+        "granted",
+        "granted",
+        "granted.test",
+        "echo",
+        7000,
+    ));
+    m.push_str(&tls_route_to(
+        "nogrant",
+        "nogrant",
+        "stolen.test",
+        "echo",
+        7000,
+    ));
+    m.push_str(&route(
+        "team",
+        "web",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: mix, namespace: default, sectionName: web}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
+    ));
+    let s = Scenario::start("gateway-tls-terminate", &m, &[]);
+    let p = &s.proxy;
+    let ip = p.ports.ip.as_str();
+    let ca = Some(pki.ca.as_path());
+    let exchange = |port: u16, sni: &str, verify: bool| {
+        harness::tls_exchange(ip, port, sni, verify.then_some(ca).flatten(), b"hello", 10)
+    };
+    let routed = |cn: &str| harness::TlsExchange {
+        common_name: cn.to_string(),
+        reply: b"echo:hello".to_vec(),
+    };
+    // 443: the listener's certificate (verified for the name), then the decrypted bytes, raw,
+    // to the TCP backend; HTTPS keeps its frontend on 443 for other names.
+    assert_eq!(
+        exchange(p.ports.https, "term.test", true),
+        Ok(routed("term.test"))
+    );
+    assert_eq!(
+        harness::served_certificate(p, Some("unknown.test")),
+        "default.invalid"
+    );
+    // 10443, shared by HTTPS, passthrough and terminated TLS: each name reaches its own kind.
+    assert_eq!(
+        exchange(10443, "db.t.alt.test", true),
+        Ok(routed("*.t.alt.test"))
+    );
+    let resolve = |sni: &str| format!("{sni}:10443:{ip}");
+    let https = |sni: &str, host: &str| {
+        let r = harness::get(
+            &format!("https://{sni}:10443/"),
+            &[
+                "--resolve",
+                &resolve(sni),
+                "--cacert",
+                &pki.ca.display().to_string(),
+                "-H",
+                &format!("Host: {host}"),
+            ],
+        );
+        (r.status, r.backend().unwrap_or("").to_string(), r.body)
+    };
+    let (status, backend, _) = https("web.alt.test", "web.alt.test");
+    assert_eq!((status, backend.as_str()), (200, "web"));
+    // The 421 check of the port's HTTPS listeners holds behind the shared port.
+    assert_eq!(https("web.alt.test", "db.t.alt.test").0, 421);
+    // Passthrough: the client verifies the backend's own certificate through HAProxy.
+    let (status, _, body) = https("x.pt.alt.test", "x.pt.alt.test");
+    assert_eq!((status, body.contains("s_server")), (200, true), "{body}");
+    // A name under the terminated wildcard that no TLSRoute has is not routed to the echo.
+    let other = exchange(10443, "none.t.alt.test", false).expect("handshake");
+    assert!(!other.reply.starts_with(b"echo:"), "{other:?}");
+    // 10444, terminated TLS only: the listener's own certificate per name (one granted from
+    // another namespace); a name without route gets the TLS session but no backend.
+    assert_eq!(exchange(10444, "only.test", true), Ok(routed("only.test")));
+    assert_eq!(
+        exchange(10444, "granted.test", true),
+        Ok(routed("granted.test"))
+    );
+    let unknown = exchange(10444, "unknown.test", false).expect("handshake");
+    assert_eq!(unknown.reply, b"", "{unknown:?}");
+    // The certificate of another namespace without a ReferenceGrant is never served.
+    let stolen = exchange(10444, "stolen.test", false).expect("handshake");
+    assert_ne!(stolen.common_name, "stolen.test");
+    assert_eq!(stolen.reply, b"", "{stolen:?}");
+
+    // Statuses.
+    let gw = status_of(&s.render_output, "Gateway", "default/mix").expect("Gateway status");
+    for name in ["term443", "web", "pt", "term", "only", "granted"] {
+        let l = listener(&gw, name);
+        assert_eq!(
+            condition(&l["conditions"], "Programmed"),
+            pair("True", "Programmed"),
+            "{l}"
+        );
+        assert_eq!(
+            condition(&l["conditions"], "Conflicted"),
+            pair("False", "NoConflicts"),
+            "{l}"
+        );
+        assert_eq!(l["attachedRoutes"], 1, "{l}");
+    }
+    assert_eq!(kinds_of(listener(&gw, "term")), ["TLSRoute"]);
+    let l = listener(&gw, "nogrant");
+    assert_eq!(
+        condition(&l["conditions"], "ResolvedRefs"),
+        pair("False", "RefNotPermitted")
+    );
+    assert_eq!(condition(&l["conditions"], "Programmed").0, "False");
+    let st = status_of(&s.render_output, "TLSRoute", "team/term").expect("status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "Accepted"),
+        pair("True", "Accepted")
+    );
 }
