@@ -1806,12 +1806,18 @@ fn tls_route_to(name: &str, listener: &str, hosts: &str, backend: &str, bport: u
 fn tls_terminate_listeners_send_decrypted_bytes_to_tls_routes_and_share_ports_with_https() {
     let dir = harness::TempDir::new("pki-gw-tls-terminate");
     let pki = harness::Pki::new(dir.path());
-    let echo = harness::TcpEcho::start("echo");
+    let (echo, echo2) = (
+        harness::TcpEcho::start("echo"),
+        harness::TcpEcho::start("echo2"),
+    );
     let web = Echo::start("web");
     let (cert, key) = pki.server_files("db", &["x.pt.alt.test"]);
     let (ip, port) = (harness::unique_loopback(), 9443);
     let _db = harness::TlsServer::start(&cert, &key, &ip, port);
     let mut m = harness::tcp_service_yaml("team", "echo", 7000, echo.port);
+    m.push_str(&harness::tcp_service_yaml(
+        "team", "echo2", 7000, echo2.port,
+    ));
     m.push_str(&harness::tls_service_yaml_in("team", "db", &ip, port));
     m.push_str(&service_yaml("team", "web", &web));
     m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
@@ -1842,7 +1848,13 @@ fn tls_terminate_listeners_send_decrypted_bytes_to_tls_routes_and_share_ports_wi
     ));
     m.push_str(&tls_route_to("term", "term", "db.t.alt.test", "echo", 7000));
     m.push_str(&tls_route_to("pt", "pt", "\"*.pt.alt.test\"", "db", 443));
-    m.push_str(&tls_route_to("only", "only", "only.test", "echo", 7000));
+    // A weighted route on a terminating listener: a 1:1 split of the decrypted connections.
+    m.push_str(&tls_route(
+        "team",
+        "only",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: mix, namespace: default, sectionName: only}]\n  hostnames: [only.test]\n  rules: [{backendRefs: [{name: echo, port: 7000, weight: 1}, {name: echo2, port: 7000, weight: 1}]}]\n",
+    ));
     m.push_str(&tls_route_to(
         "granted",
         "granted",
@@ -1916,7 +1928,17 @@ fn tls_terminate_listeners_send_decrypted_bytes_to_tls_routes_and_share_ports_wi
     assert!(!other.reply.starts_with(b"echo:"), "{other:?}");
     // 10444, terminated TLS only: the listener's own certificate per name (one granted from
     // another namespace); a name without route gets the TLS session but no backend.
-    assert_eq!(exchange(10444, "only.test", true), Ok(routed("only.test")));
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..24 {
+        let x = exchange(10444, "only.test", true).expect("handshake");
+        assert_eq!(x.common_name, "only.test");
+        assert!(
+            x.reply == b"echo:hello" || x.reply == b"echo2:hello",
+            "{x:?}"
+        );
+        seen.insert(x.reply);
+    }
+    assert_eq!(seen.len(), 2, "both weighted backends carry connections");
     assert_eq!(
         exchange(10444, "granted.test", true),
         Ok(routed("granted.test"))
