@@ -451,3 +451,62 @@ fn a_newer_ingress_cannot_take_an_older_httproutes_name() {
         s.render_output
     );
 }
+
+/// A TLSRoute wildcard matches names of any depth, but a newer TLSRoute of another namespace
+/// was checked against the owner's wildcard one label up only: its exact a.b.victim.test (the
+/// exact map wins over a wildcard) and its narrower *.c.victim.test (the longest wildcard wins)
+/// took connections from the victim's older *.victim.test.
+#[test]
+fn a_newer_tlsroute_cannot_take_names_deep_under_an_older_tlsroutes_wildcard() {
+    let dir = super::harness::TempDir::new("pki-review-tls-wildcard");
+    let pki = super::harness::Pki::new(dir.path());
+    let (victim_cert, victim_key) = pki.server_files(
+        "victim-db",
+        &["victim-backend.test", "a.b.victim.test", "x.c.victim.test"],
+    );
+    let (evil_cert, evil_key) = pki.server_files(
+        "evil-db",
+        &["evil-backend.test", "a.b.victim.test", "x.c.victim.test"],
+    );
+    let (victim_ip, evil_ip) = (
+        super::harness::unique_loopback(),
+        super::harness::unique_loopback(),
+    );
+    let _victim = super::harness::TlsServer::start(&victim_cert, &victim_key, &victim_ip, 9443);
+    let _evil = super::harness::TlsServer::start(&evil_cert, &evil_key, &evil_ip, 9443);
+    let mut m = super::harness::tls_service_yaml_in("victim", "db", &victim_ip, 9443);
+    m.push_str(&super::harness::tls_service_yaml_in(
+        "evil", "db", &evil_ip, 9443,
+    ));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(GATEWAY_CLASS);
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: tls, namespace: default}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: pt, protocol: TLS, port: 443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}\n");
+    for (ns, name, ts, host) in [
+        ("victim", "db", "2024-01-01T00:00:00Z", "\"*.victim.test\""),
+        ("evil", "deep", "2024-06-01T00:00:00Z", "a.b.victim.test"),
+        (
+            "evil",
+            "narrow",
+            "2024-06-02T00:00:00Z",
+            "\"*.c.victim.test\"",
+        ),
+    ] {
+        m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1\nkind: TLSRoute\nmetadata: {{name: {name}, namespace: {ns}, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n  parentRefs: [{{name: tls, namespace: default, sectionName: pt}}]\n  hostnames: [{host}]\n  rules: [{{backendRefs: [{{name: db, port: 443}}]}}]\n"));
+    }
+    let s = Scenario::start("hostile-tlsroute-deep-wildcard", &m, &[]);
+    // The backend's own certificate tells which TLS server the connection reached.
+    for sni in ["a.b.victim.test", "x.c.victim.test"] {
+        assert_eq!(
+            super::harness::served_certificate(&s.proxy, Some(sni)),
+            "victim-backend.test",
+            "{sni}\n{}",
+            s.render_output
+        );
+    }
+    assert!(
+        s.render_output.contains("TLSRoute evil/deep")
+            && s.render_output.contains("TLSRoute evil/narrow"),
+        "{}",
+        s.render_output
+    );
+}
