@@ -1,7 +1,7 @@
 //! haproxy-ingress.github.io annotations under real traffic (CORS preflight, HSTS, app-root,
 //! redirect-to, rate limiting, path-type) and TLS passthrough to a TLS backend.
 
-use super::harness::{self, service_yaml, unique_loopback, Echo, Scenario};
+use super::harness::{self, service_yaml, unique_loopback, Echo, Ports, Scenario};
 
 fn ingress(name: &str, host: &str, annotations: &str, paths: &str) -> String {
     format!(
@@ -472,24 +472,44 @@ fn haproxytech_forwarded_for_false_stops_x_forwarded_for_for_its_ingress() {
             "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{name: http}}}}}}}}]}}}}]}}\n"
         ));
     }
-    let s = Scenario::start("haproxytech-forwarded-for", &m, &[]);
-    let p = &s.proxy;
-    // By default the backend learns the client's address (curl connects from 127.0.0.0/8).
-    let r = p.http("on.test", "/");
-    assert_eq!(r.backend(), Some("web"), "{r:?}");
-    let xff = r.echoed("header:x-forwarded-for").unwrap_or_default();
-    assert!(xff.starts_with("127."), "{r:?}");
-    // forwarded-for "false": no header is added, and a client's own one passes unchanged.
-    let r = p.http("off.test", "/");
-    assert_eq!(r.backend(), Some("web"), "{r:?}");
-    assert_eq!(r.echoed("header:x-forwarded-for"), None, "{r:?}");
-    let r = p.http_with("off.test", "/", &["-H", "X-Forwarded-For: 192.0.2.7"]);
-    let xff: Vec<&str> = r
-        .body
-        .lines()
-        .filter_map(|l| l.strip_prefix("header:x-forwarded-for="))
-        .collect();
-    assert_eq!(xff, ["192.0.2.7"], "{r:?}");
+    // Clients of both address families: over IPv4 (curl connects from 127.0.0.0/8) and, where
+    // the machine has one, over the IPv6 loopback (HAProxy 2.6's `except` takes one family).
+    let mut families = vec![(Ports::pick(), "127.")];
+    match Ports::ipv6_loopback() {
+        Some(ports) => families.push((ports, "::1")),
+        None => eprintln!("no IPv6 loopback here: IPv4 clients only"),
+    }
+    for (ports, client) in families {
+        let s = Scenario::start_on("haproxytech-forwarded-for", &m, &[], ports);
+        let p = &s.proxy;
+        // By default the backend learns the client's address.
+        let r = p.http("on.test", "/");
+        assert_eq!(r.backend(), Some("web"), "{r:?}");
+        let xff = r.echoed("header:x-forwarded-for").unwrap_or_default();
+        assert!(xff.starts_with(client), "{client}: {r:?}");
+        // forwarded-for "false": no header is added, and a client's own one passes unchanged.
+        let r = p.http("off.test", "/");
+        assert_eq!(r.backend(), Some("web"), "{client}: {r:?}");
+        assert_eq!(r.echoed("header:x-forwarded-for"), None, "{client}: {r:?}");
+        let r = p.http_with("off.test", "/", &["-H", "X-Forwarded-For: 192.0.2.7"]);
+        let xff: Vec<&str> = r
+            .body
+            .lines()
+            .filter_map(|l| l.strip_prefix("header:x-forwarded-for="))
+            .collect();
+        assert_eq!(xff, ["192.0.2.7"], "{client}: {r:?}");
+        // The other Ingress's backend still appends the client's address to one it sends.
+        let r = p.http_with("on.test", "/", &["-H", "X-Forwarded-For: 192.0.2.7"]);
+        let xff: Vec<&str> = r
+            .body
+            .lines()
+            .filter_map(|l| l.strip_prefix("header:x-forwarded-for="))
+            .collect();
+        assert!(
+            xff.len() == 2 && xff[0] == "192.0.2.7" && xff[1].starts_with(client),
+            "{client}: {r:?}"
+        );
+    }
 }
 
 #[test]
