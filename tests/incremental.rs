@@ -202,7 +202,11 @@ fn annotated_service(rng: &mut Rng, ns: &str, name: &str) -> Value {
     if rng.below(2) == 0 {
         annotations.insert(
             "haproxy.org/route-acl".into(),
-            json!(*rng.pick(&["cookie(canary) -m found", "hdr(x-env) -m str beta", "bad acl"])),
+            json!(*rng.pick(&[
+                "cookie(canary) -m found",
+                "hdr(x-env) -m str beta",
+                "bad acl"
+            ])),
         );
     }
     if rng.below(3) == 0 {

@@ -516,12 +516,20 @@ fn haproxytech_forwarded_for_false_stops_x_forwarded_for_for_its_ingress() {
 fn haproxy_ingress_ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     let dir = harness::TempDir::new("pki-hi-pt");
     let pki = harness::Pki::new(dir.path());
-    let (cert, key) = pki.server_files("backend", &["hipt.test", "outside.test"]);
+    let (cert, key) = pki.server_files("backend", &["hipt.test", "outside.test", "hport.test"]);
     let (ip, port) = (unique_loopback(), 9443);
     let _backend = harness::TlsServer::start(&cert, &key, &ip, port);
     let web = Echo::start("web");
+    let plain = Echo::start("dual-http");
     let mut m = service_yaml("default", "web", &web);
     m.push_str(&harness::tls_service_yaml_in("default", "tls", &ip, port));
+    // A Service speaking TLS on 443 and plain HTTP on 80, for ssl-passthrough-http-port.
+    m.push_str(&format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: dual, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}, {{name: http, port: 80}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: dual-tls, namespace: default, labels: {{kubernetes.io/service-name: dual}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: dual-http, namespace: default, labels: {{kubernetes.io/service-name: dual}}}}\nports: [{{name: http, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n",
+        plain.port
+    ));
     // Another namespace's Service, for a newer Ingress that claims the same host.
     m.push_str(&service_yaml("evil", "tls", &web));
     m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
@@ -554,6 +562,16 @@ fn haproxy_ingress_ssl_passthrough_reaches_the_tls_backend_undecrypted() {
         "2024-06-01T00:00:00Z",
         pt,
     ));
+    m.push_str(
+        &ing(
+            "default",
+            "hport",
+            "hport.test",
+            "2024-01-01T00:00:02Z",
+            &format!("{pt}, haproxy-ingress.github.io/ssl-passthrough-http-port: \"80\""),
+        )
+        .replace("name: tls,", "name: dual,"),
+    );
     m.push_str(concat!(
         "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\n",
         "metadata: {name: app, namespace: default}\n",
@@ -581,6 +599,13 @@ fn haproxy_ingress_ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     // Other names still terminate in HAProxy (through the loopback) and route normally.
     let r = p.https("app.test", "/x", &pki.ca, &[]);
     assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    // ssl-passthrough-http-port: TLS to the host still reaches the Service's TLS port
+    // undecrypted, and plain HTTP to it goes to the Service's HTTP port.
+    let r = p.https("hport.test", "/", &pki.ca, &[]);
+    assert!(r.status == 200 && r.body.contains("s_server"), "{r:?}");
+    let r = p.http("hport.test", "/some/path?q=1");
+    assert_eq!((r.status, r.backend()), (200, Some("dual-http")), "{r:?}");
+    assert_eq!(r.echoed("path"), Some("/some/path?q=1"), "{r:?}");
 }
 
 /// A Service `web2` with two EndpointSlices, one per echo backend (both on 127.0.0.1).

@@ -47,7 +47,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "Prefix",
         old,
     ));
-    let attacks: [Attack; 15] = [
+    let attacks: [Attack; 16] = [
         // A header name whose tab and '#' would comment out the rule's scoping condition.
         (
             "hdr",
@@ -158,6 +158,21 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
             "/",
             "Prefix",
         ),
+        // An HTTP port for the passthrough that would end the re-routing rule's condition and
+        // take every request.
+        (
+            "ptport",
+            &[
+                ("haproxy-ingress.github.io/ssl-passthrough", "true"),
+                (
+                    "haproxy-ingress.github.io/ssl-passthrough-http-port",
+                    "80 } || { always_true",
+                ),
+            ],
+            "ptport.test",
+            "/",
+            "Prefix",
+        ),
         // Cookie names that would end the cookie directive and add words or lines.
         (
             "scookie",
@@ -240,6 +255,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "xff.test",
         "tclient.test",
         "ptval.test",
+        "ptport.test",
         "scookie.test",
         "hidyn.test",
         "racl.test",
@@ -258,6 +274,10 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         ("tclient", "haproxy.org/timeout-client"),
         ("ptsteal", "belongs to namespace victim"),
         ("ptval", "haproxy-ingress.github.io/ssl-passthrough"),
+        (
+            "ptport",
+            "haproxy-ingress.github.io/ssl-passthrough-http-port",
+        ),
         ("scookie", "haproxy.org/cookie-persistence-no-dynamic"),
         ("hidyn", "haproxy-ingress.github.io/session-cookie-dynamic"),
         ("racl", "haproxy.org/route-acl"),
@@ -462,7 +482,11 @@ fn ssl_passthrough_ownership_goes_to_the_older_claim_in_both_orders() {
     use super::harness::{served_certificate, tls_service_yaml_in, unique_loopback};
     let dir = super::harness::TempDir::new("pki-passthrough-ownership");
     let pki = super::harness::Pki::new(dir.path());
-    let hosts = ["route-first.test", "ingress-first.test", "httproute-first.test"];
+    let hosts = [
+        "route-first.test",
+        "ingress-first.test",
+        "httproute-first.test",
+    ];
     let mut victim_names = vec!["victim-backend.invalid"];
     victim_names.extend(hosts);
     let mut evil_names = vec!["evil-backend.invalid"];
@@ -490,9 +514,21 @@ fn ssl_passthrough_ownership_goes_to_the_older_claim_in_both_orders() {
     let (old, new) = ("2024-01-01T00:00:00Z", "2024-06-01T00:00:00Z");
     // An older TLSRoute, then a newer Ingress passing the same name through.
     m.push_str(&route("TLSRoute", "victim", hosts[0], old, "pt", "db"));
-    m.push_str(&passthrough("evil", "pt1", hosts[0], new, "haproxy.org/ssl-passthrough"));
+    m.push_str(&passthrough(
+        "evil",
+        "pt1",
+        hosts[0],
+        new,
+        "haproxy.org/ssl-passthrough",
+    ));
     // An older Ingress passing a name through, then a newer TLSRoute for it.
-    m.push_str(&passthrough("victim", "pt2", hosts[1], old, "haproxy.org/ssl-passthrough"));
+    m.push_str(&passthrough(
+        "victim",
+        "pt2",
+        hosts[1],
+        old,
+        "haproxy.org/ssl-passthrough",
+    ));
     m.push_str(&route("TLSRoute", "evil", hosts[1], new, "pt", "db"));
     // An older HTTPRoute (HTTP only), then a newer Ingress with haproxy-ingress's passthrough.
     m.push_str(&route("HTTPRoute", "victim", hosts[2], old, "http", "web"));
@@ -519,7 +555,11 @@ fn ssl_passthrough_ownership_goes_to_the_older_claim_in_both_orders() {
     }
     // The HTTPRoute's name is not passed through at all: HAProxy terminates TLS for it (its
     // default certificate), and plain HTTP reaches the route's backend.
-    assert_eq!(served_certificate(p, Some(hosts[2])), "default.invalid", "{out}");
+    assert_eq!(
+        served_certificate(p, Some(hosts[2])),
+        "default.invalid",
+        "{out}"
+    );
     let r = p.http(hosts[2], "/");
     assert_eq!((r.status, r.backend()), (200, Some("victim-web")), "{r:?}");
     // Each newer claim is left out, naming the owner.
