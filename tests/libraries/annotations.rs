@@ -465,8 +465,12 @@ fn haproxytech_tls_ingress_redirects_http_to_https_by_default() {
 
 #[test]
 fn haproxytech_forwarded_for_false_stops_x_forwarded_for_for_its_ingress() {
+    let dir = harness::TempDir::new("pki-xff");
+    let pki = harness::Pki::new(dir.path());
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
+    // A default certificate, so the HTTPS frontend exists too.
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["on.test", "off.test"]));
     for (name, annotations) in [("on", ""), ("off", "haproxy.org/forwarded-for: \"false\"")] {
         m.push_str(&format!(
             "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{name: http}}}}}}}}]}}}}]}}\n"
@@ -498,6 +502,13 @@ fn haproxytech_forwarded_for_false_stops_x_forwarded_for_for_its_ingress() {
             .filter_map(|l| l.strip_prefix("header:x-forwarded-for="))
             .collect();
         assert_eq!(xff, ["192.0.2.7"], "{client}: {r:?}");
+        // Over HTTPS alike.
+        let r = p.https("off.test", "/", &pki.ca, &[]);
+        assert_eq!(r.backend(), Some("web"), "{client}: {r:?}");
+        assert_eq!(r.echoed("header:x-forwarded-for"), None, "{client}: {r:?}");
+        let r = p.https("on.test", "/", &pki.ca, &[]);
+        let xff = r.echoed("header:x-forwarded-for").unwrap_or_default();
+        assert!(xff.starts_with(client), "{client}: {r:?}");
         // The other Ingress's backend still appends the client's address to one it sends.
         let r = p.http_with("on.test", "/", &["-H", "X-Forwarded-For: 192.0.2.7"]);
         let xff: Vec<&str> = r
