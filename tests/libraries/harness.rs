@@ -161,6 +161,21 @@ impl Ports {
             status: 8404,
         }
     }
+
+    /// On the IPv6 loopback `[::1]`, which every test shares: ports the kernel picked (bound
+    /// together, released just before HAProxy binds them), or `None` when this machine has
+    /// no IPv6 loopback.
+    pub fn ipv6_loopback() -> Option<Ports> {
+        let bind = || std::net::TcpListener::bind("[::1]:0").ok();
+        let (a, b, c) = (bind()?, bind()?, bind()?);
+        let port = |l: &std::net::TcpListener| l.local_addr().map(|a| a.port()).ok();
+        Some(Ports {
+            ip: "[::1]".to_string(),
+            http: port(&a)?,
+            https: port(&b)?,
+            status: port(&c)?,
+        })
+    }
 }
 
 /// Runs `haptic render` of the six libraries on the fixtures; returns its stdout (which lists
@@ -185,7 +200,8 @@ pub fn render(
         ("http_port".to_string(), ports.http.to_string()),
         ("https_port".to_string(), ports.https.to_string()),
         ("status_port".to_string(), ports.status.to_string()),
-        ("bind_address".to_string(), ports.ip.clone()),
+        // quoted: a YAML scalar `[::1]` would be a list
+        ("bind_address".to_string(), format!("'{}'", ports.ip)),
     ];
     context.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     for (k, v) in context {
@@ -472,10 +488,14 @@ pub struct Scenario {
 
 impl Scenario {
     pub fn start(name: &str, manifests: &str, extra: &[(&str, &str)]) -> Scenario {
+        Scenario::start_on(name, manifests, extra, Ports::pick())
+    }
+
+    /// [`Scenario::start`] on the given address and ports.
+    pub fn start_on(name: &str, manifests: &str, extra: &[(&str, &str)], ports: Ports) -> Scenario {
         let fixtures = TempDir::new(&format!("{name}-fixtures"));
         std::fs::write(fixtures.path().join("manifests.yaml"), manifests).expect("write fixtures");
         let out = TempDir::new(&format!("{name}-out"));
-        let ports = Ports::pick();
         let render_output = render(fixtures.path(), out.path(), &ports, extra)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let proxy = HAProxy::start(out.path(), ports);
