@@ -112,6 +112,16 @@ fn main() {
             }
             return;
         }
+        // HAPTIC_BENCH_PROFILE_FULL=N: only N full renders (no cache), for a profiler; then stop.
+        if let Some(runs) = std::env::var("HAPTIC_BENCH_PROFILE_FULL")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            for _ in 0..runs {
+                engine.render(&inputs(stores.clone())).expect("render");
+            }
+            return;
+        }
         let full = median(3, || {
             let started = Instant::now();
             engine.render(&inputs(stores.clone())).expect("render");

@@ -207,6 +207,32 @@ fn service(ns: &str, name: &str) -> Value {
         "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}})
 }
 
+/// A Service with backend annotations: haproxy.org/route-acl (valid or refused) re-routes the
+/// Ingress paths to it (haproxytech's frontend units read it), timeout-server goes into its
+/// backends (the Ingress backend units read it).
+fn annotated_service(rng: &mut Rng, ns: &str, name: &str) -> Value {
+    let mut svc = service(ns, name);
+    let mut annotations = serde_json::Map::new();
+    if rng.below(2) == 0 {
+        annotations.insert(
+            "haproxy.org/route-acl".into(),
+            json!(*rng.pick(&[
+                "cookie(canary) -m found",
+                "hdr(x-env) -m str beta",
+                "bad acl"
+            ])),
+        );
+    }
+    if rng.below(3) == 0 {
+        annotations.insert(
+            "haproxy.org/timeout-server".into(),
+            json!(format!("{}s", rng.below(90) + 1)),
+        );
+    }
+    svc["metadata"]["annotations"] = Value::Object(annotations);
+    svc
+}
+
 fn slice(rng: &mut Rng, ns: &str, svc: &str) -> Value {
     let endpoints: Vec<Value> = (0..rng.below(4))
         .map(|_| {
@@ -364,7 +390,7 @@ fn run_sequence(seed: u64, steps: usize) -> Exercised {
     for step in 0..steps {
         generation += 1;
         let ns = *rng.pick(&NAMESPACES);
-        match rng.below(13) {
+        match rng.below(14) {
             0..=3 => {
                 let name = format!("ing{}", rng.below(4));
                 let obj = ingress(&mut rng, ns, &name, generation);
@@ -405,6 +431,11 @@ fn run_sequence(seed: u64, steps: usize) -> Exercised {
                     "tlsroutes"
                 };
                 cluster.delete(store, ns, &name);
+            }
+            12 => {
+                let svc = format!("svc{}", rng.below(3));
+                let obj = annotated_service(&mut rng, ns, &svc);
+                cluster.upsert("services", obj);
             }
             _ => {} // nothing changed: a pure replay
         }
@@ -497,5 +528,54 @@ fn incremental_renders_equal_full_renders_over_random_changes() {
             "seed {seed}: only {} renders were spliced",
             seen.spliced
         );
+    }
+}
+
+/// A Service change costs only the units that read that Service: with haproxytech's route-acl
+/// decided inside each Ingress's frontend unit (issue #11), no top level lists the Services,
+/// so the change is spliced into the last output, and the result is the full render's.
+#[test]
+fn a_service_change_is_spliced_into_the_last_render() {
+    let spec = spec();
+    let engine = Engine::new(&spec).expect("libraries compile");
+    let mut cluster = Cluster::new(spec);
+    let mut rng = Rng(11);
+    for ns in NAMESPACES {
+        for s in 0..3 {
+            cluster.upsert("services", service(ns, &format!("svc{s}")));
+        }
+        for i in 0..4 {
+            let obj = ingress(&mut rng, ns, &format!("ing{i}"), 1);
+            cluster.upsert("ingresses", obj);
+        }
+    }
+    let mut cache = RenderCache::new();
+    engine
+        .render_cached(&cluster.inputs(None), &mut cache)
+        .expect("first render");
+    assert!(!cache.stats.spliced, "{:?}", cache.stats);
+    // A route-acl appears on one Service, changes, then goes away again; its timeout too.
+    let changes = [
+        json!({"haproxy.org/route-acl": "cookie(canary) -m found"}),
+        json!({"haproxy.org/route-acl": "hdr(x-env) -m str beta", "haproxy.org/timeout-server": "5s"}),
+        json!({}),
+    ];
+    for annotations in changes {
+        let mut svc = service("beta", "svc1");
+        svc["metadata"]["annotations"] = annotations.clone();
+        cluster.upsert("services", svc);
+        let inputs = cluster.inputs(None);
+        let incremental = engine.render_cached(&inputs, &mut cache).expect("render");
+        let stats = cache.stats;
+        assert!(stats.spliced, "{annotations}: {stats:?}");
+        assert!(
+            stats.rendered > 0 && stats.rendered * 10 < stats.replayed,
+            "{annotations}: {} units rendered again, {} replayed",
+            stats.rendered,
+            stats.replayed
+        );
+        let full = engine.render(&inputs).expect("full render");
+        let (a, b) = (describe(&incremental), describe(&full));
+        assert!(a == b, "{annotations}: {}", first_difference(&a, &b));
     }
 }

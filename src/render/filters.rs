@@ -29,15 +29,19 @@ fn invalid(msg: impl Into<String>) -> Error {
 }
 
 /// Compiled regexes, shared by every render: templates call the same few patterns in loops.
-fn regex(pattern: &str) -> Result<regex::Regex, Error> {
-    static CACHE: Mutex<Option<HashMap<String, regex::Regex>>> = Mutex::new(None);
+/// Shared as `Arc`: a cloned `Regex` starts with an empty pool of match caches, so cloning one
+/// per call would allocate fresh caches on every match (it did: a tenth of a full render).
+fn regex(pattern: &str) -> Result<Arc<regex::Regex>, Error> {
+    static CACHE: Mutex<Option<HashMap<String, Arc<regex::Regex>>>> = Mutex::new(None);
     let mut guard = crate::lock(&CACHE);
     let cache = guard.get_or_insert_with(HashMap::new);
     if let Some(re) = cache.get(pattern) {
         return Ok(re.clone());
     }
-    let re = regex::Regex::new(pattern)
-        .map_err(|e| invalid(format!("invalid regular expression {pattern:?}: {e}")))?;
+    let re = Arc::new(
+        regex::Regex::new(pattern)
+            .map_err(|e| invalid(format!("invalid regular expression {pattern:?}: {e}")))?,
+    );
     if cache.len() > 512 {
         cache.clear();
     }

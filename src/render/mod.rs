@@ -647,7 +647,7 @@ impl Engine {
             .map(|c| c.value())
             .unwrap_or_else(CurrentConfig::empty_value);
         ctx.insert("current_config".into(), current);
-        Value::from(ctx)
+        objects::RenderContext::value(ctx)
     }
 }
 

@@ -12,6 +12,87 @@ use super::units::StoreMethod;
 use crate::store::doc::Kind;
 use crate::store::{Doc, NodeRef, Store};
 
+/// The context templates render with: every name a template uses that is not its own variable
+/// is looked up here (then in the environment's globals: `unit`, `range`, …), several times per
+/// object rendered. A `BTreeMap` value would compare `Value`s on every lookup and
+/// `merge_maps` would try each map in turn; this answers from one hash map of plain strings.
+#[derive(Debug, Default)]
+pub(crate) struct RenderContext {
+    names: std::collections::HashMap<String, Value>,
+}
+
+impl RenderContext {
+    pub(crate) fn value(names: impl IntoIterator<Item = (String, Value)>) -> Value {
+        Value::from_object(RenderContext {
+            names: names.into_iter().collect(),
+        })
+    }
+}
+
+impl Object for RenderContext {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.names.get(key.as_str()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let mut names: Vec<&String> = self.names.keys().collect();
+        names.sort();
+        Enumerator::Values(names.into_iter().map(|n| Value::from(n.as_str())).collect())
+    }
+}
+
+/// A unit's context: its arguments, then the render's context (arguments win).
+#[derive(Debug)]
+pub(crate) struct UnitContext {
+    args: Vec<(String, Value)>,
+    root: Value,
+}
+
+impl UnitContext {
+    pub(crate) fn value(args: &[(String, Value)], root: Value) -> Value {
+        Value::from_object(UnitContext {
+            args: args.to_vec(),
+            root,
+        })
+    }
+}
+
+impl Object for UnitContext {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        let name = key.as_str()?;
+        // The last argument of a name wins, as when they were collected into a map.
+        match self.args.iter().rev().find(|(k, _)| k == name) {
+            Some((_, v)) => Some(v.clone()),
+            None => match self.root.downcast_object_ref::<RenderContext>() {
+                Some(root) => root.names.get(name).cloned(),
+                None => self.root.get_item(key).ok().filter(|v| !v.is_undefined()),
+            },
+        }
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        let mut names: Vec<Value> = self
+            .args
+            .iter()
+            .map(|(k, _)| Value::from(k.as_str()))
+            .collect();
+        if let Ok(root) = self.root.try_iter() {
+            names.extend(root);
+        }
+        names.sort();
+        names.dedup();
+        Enumerator::Values(names)
+    }
+}
+
 /// A node inside a shared, immutable stored object. Exposing an object to a template costs
 /// nothing until a template touches a field, and the stored object is never copied.
 #[derive(Debug)]

@@ -937,8 +937,7 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
             "unit() can only be used while rendering",
         ));
     };
-    let vars: std::collections::BTreeMap<String, Value> = args.iter().cloned().collect();
-    let ctx = minijinja::value::merge_maps([Value::from(vars), root]);
+    let ctx = super::objects::UnitContext::value(&args, root);
     FRAMES.with(|f| f.borrow_mut().push(Frame::default()));
     let result = state
         .env()
@@ -1283,8 +1282,7 @@ pub(super) fn rerender(
     args: &[(String, Value)],
 ) -> Option<(String, Recording)> {
     let root = with_scope(|s| s.root.clone())?;
-    let vars: std::collections::BTreeMap<String, Value> = args.iter().cloned().collect();
-    let ctx = minijinja::value::merge_maps([Value::from(vars), root]);
+    let ctx = super::objects::UnitContext::value(args, root);
     FRAMES.with(|f| f.borrow_mut().push(Frame::default()));
     let result = env.get_template(template).and_then(|t| t.render(ctx));
     let frame = FRAMES.with(|f| f.borrow_mut().pop()).unwrap_or_default();

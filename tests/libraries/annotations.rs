@@ -1,7 +1,7 @@
 //! haproxy-ingress.github.io annotations under real traffic (CORS preflight, HSTS, app-root,
 //! redirect-to, rate limiting, path-type) and TLS passthrough to a TLS backend.
 
-use super::harness::{self, service_yaml, unique_loopback, Echo, Scenario};
+use super::harness::{self, service_yaml, unique_loopback, Echo, Ports, Scenario};
 
 fn ingress(name: &str, host: &str, annotations: &str, paths: &str) -> String {
     format!(
@@ -465,43 +465,82 @@ fn haproxytech_tls_ingress_redirects_http_to_https_by_default() {
 
 #[test]
 fn haproxytech_forwarded_for_false_stops_x_forwarded_for_for_its_ingress() {
+    let dir = harness::TempDir::new("pki-xff");
+    let pki = harness::Pki::new(dir.path());
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
+    // A default certificate, so the HTTPS frontend exists too.
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["on.test", "off.test"]));
     for (name, annotations) in [("on", ""), ("off", "haproxy.org/forwarded-for: \"false\"")] {
         m.push_str(&format!(
             "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{name: http}}}}}}}}]}}}}]}}\n"
         ));
     }
-    let s = Scenario::start("haproxytech-forwarded-for", &m, &[]);
-    let p = &s.proxy;
-    // By default the backend learns the client's address (curl connects from 127.0.0.0/8).
-    let r = p.http("on.test", "/");
-    assert_eq!(r.backend(), Some("web"), "{r:?}");
-    let xff = r.echoed("header:x-forwarded-for").unwrap_or_default();
-    assert!(xff.starts_with("127."), "{r:?}");
-    // forwarded-for "false": no header is added, and a client's own one passes unchanged.
-    let r = p.http("off.test", "/");
-    assert_eq!(r.backend(), Some("web"), "{r:?}");
-    assert_eq!(r.echoed("header:x-forwarded-for"), None, "{r:?}");
-    let r = p.http_with("off.test", "/", &["-H", "X-Forwarded-For: 192.0.2.7"]);
-    let xff: Vec<&str> = r
-        .body
-        .lines()
-        .filter_map(|l| l.strip_prefix("header:x-forwarded-for="))
-        .collect();
-    assert_eq!(xff, ["192.0.2.7"], "{r:?}");
+    // Clients of both address families: over IPv4 (curl connects from 127.0.0.0/8) and, where
+    // the machine has one, over the IPv6 loopback (HAProxy 2.6's `except` takes one family).
+    let mut families = vec![(Ports::pick(), "127.")];
+    match Ports::ipv6_loopback() {
+        Some(ports) => families.push((ports, "::1")),
+        None => eprintln!("no IPv6 loopback here: IPv4 clients only"),
+    }
+    for (ports, client) in families {
+        let s = Scenario::start_on("haproxytech-forwarded-for", &m, &[], ports);
+        let p = &s.proxy;
+        // By default the backend learns the client's address.
+        let r = p.http("on.test", "/");
+        assert_eq!(r.backend(), Some("web"), "{r:?}");
+        let xff = r.echoed("header:x-forwarded-for").unwrap_or_default();
+        assert!(xff.starts_with(client), "{client}: {r:?}");
+        // forwarded-for "false": no header is added, and a client's own one passes unchanged.
+        let r = p.http("off.test", "/");
+        assert_eq!(r.backend(), Some("web"), "{client}: {r:?}");
+        assert_eq!(r.echoed("header:x-forwarded-for"), None, "{client}: {r:?}");
+        let r = p.http_with("off.test", "/", &["-H", "X-Forwarded-For: 192.0.2.7"]);
+        let xff: Vec<&str> = r
+            .body
+            .lines()
+            .filter_map(|l| l.strip_prefix("header:x-forwarded-for="))
+            .collect();
+        assert_eq!(xff, ["192.0.2.7"], "{client}: {r:?}");
+        // Over HTTPS alike.
+        let r = p.https("off.test", "/", &pki.ca, &[]);
+        assert_eq!(r.backend(), Some("web"), "{client}: {r:?}");
+        assert_eq!(r.echoed("header:x-forwarded-for"), None, "{client}: {r:?}");
+        let r = p.https("on.test", "/", &pki.ca, &[]);
+        let xff = r.echoed("header:x-forwarded-for").unwrap_or_default();
+        assert!(xff.starts_with(client), "{client}: {r:?}");
+        // The other Ingress's backend still appends the client's address to one it sends.
+        let r = p.http_with("on.test", "/", &["-H", "X-Forwarded-For: 192.0.2.7"]);
+        let xff: Vec<&str> = r
+            .body
+            .lines()
+            .filter_map(|l| l.strip_prefix("header:x-forwarded-for="))
+            .collect();
+        assert!(
+            xff.len() == 2 && xff[0] == "192.0.2.7" && xff[1].starts_with(client),
+            "{client}: {r:?}"
+        );
+    }
 }
 
 #[test]
 fn haproxy_ingress_ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     let dir = harness::TempDir::new("pki-hi-pt");
     let pki = harness::Pki::new(dir.path());
-    let (cert, key) = pki.server_files("backend", &["hipt.test", "outside.test"]);
+    let (cert, key) = pki.server_files("backend", &["hipt.test", "outside.test", "hport.test"]);
     let (ip, port) = (unique_loopback(), 9443);
     let _backend = harness::TlsServer::start(&cert, &key, &ip, port);
     let web = Echo::start("web");
+    let plain = Echo::start("dual-http");
     let mut m = service_yaml("default", "web", &web);
     m.push_str(&harness::tls_service_yaml_in("default", "tls", &ip, port));
+    // A Service speaking TLS on 443 and plain HTTP on 80, for ssl-passthrough-http-port.
+    m.push_str(&format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: dual, namespace: default}}\nspec: {{ports: [{{name: https, port: 443}}, {{name: http, port: 80}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: dual-tls, namespace: default, labels: {{kubernetes.io/service-name: dual}}}}\nports: [{{name: https, port: {port}}}]\nendpoints: [{{addresses: [\"{ip}\"]}}]\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: dual-http, namespace: default, labels: {{kubernetes.io/service-name: dual}}}}\nports: [{{name: http, port: {}}}]\nendpoints: [{{addresses: [\"127.0.0.1\"]}}]\n",
+        plain.port
+    ));
     // Another namespace's Service, for a newer Ingress that claims the same host.
     m.push_str(&service_yaml("evil", "tls", &web));
     m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
@@ -534,6 +573,16 @@ fn haproxy_ingress_ssl_passthrough_reaches_the_tls_backend_undecrypted() {
         "2024-06-01T00:00:00Z",
         pt,
     ));
+    m.push_str(
+        &ing(
+            "default",
+            "hport",
+            "hport.test",
+            "2024-01-01T00:00:02Z",
+            &format!("{pt}, haproxy-ingress.github.io/ssl-passthrough-http-port: \"80\""),
+        )
+        .replace("name: tls,", "name: dual,"),
+    );
     m.push_str(concat!(
         "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\n",
         "metadata: {name: app, namespace: default}\n",
@@ -561,6 +610,13 @@ fn haproxy_ingress_ssl_passthrough_reaches_the_tls_backend_undecrypted() {
     // Other names still terminate in HAProxy (through the loopback) and route normally.
     let r = p.https("app.test", "/x", &pki.ca, &[]);
     assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    // ssl-passthrough-http-port: TLS to the host still reaches the Service's TLS port
+    // undecrypted, and plain HTTP to it goes to the Service's HTTP port.
+    let r = p.https("hport.test", "/", &pki.ca, &[]);
+    assert!(r.status == 200 && r.body.contains("s_server"), "{r:?}");
+    let r = p.http("hport.test", "/some/path?q=1");
+    assert_eq!((r.status, r.backend()), (200, Some("dual-http")), "{r:?}");
+    assert_eq!(r.echoed("path"), Some("/some/path?q=1"), "{r:?}");
 }
 
 /// A Service `web2` with two EndpointSlices, one per echo backend (both on 127.0.0.1).

@@ -1727,6 +1727,262 @@ fn gateway_tls_listener_on_another_port_passes_raw_tls_through() {
     assert_eq!(kinds_of(l), ["TLSRoute"]);
 }
 
+#[test]
+fn tls_route_weights_split_connections_between_backends() {
+    let dir = harness::TempDir::new("pki-gw-tls-weights");
+    let pki = harness::Pki::new(dir.path());
+    // Two TLS backends with certificates for the same name; the certificate's common name
+    // tells which one a connection reached (TLS is passed through, not terminated).
+    let (cert_a, key_a) = pki.server_files("a", &["a-backend.test", "w.test"]);
+    let (cert_b, key_b) = pki.server_files("b", &["b-backend.test", "w.test"]);
+    let (ip_a, ip_b) = (harness::unique_loopback(), harness::unique_loopback());
+    let _a = harness::TlsServer::start(&cert_a, &key_a, &ip_a, 9443);
+    let _b = harness::TlsServer::start(&cert_b, &key_b, &ip_b, 9443);
+    let mut m = harness::tls_service_yaml_in("team", "a", &ip_a, 9443);
+    m.push_str(&harness::tls_service_yaml_in("team", "b", &ip_b, 9443));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&gateway_yaml(
+        "tls",
+        "    - {name: pt, protocol: TLS, port: 443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}\n",
+    ));
+    for (name, host, refs) in [
+        (
+            "split",
+            "w.test",
+            "{name: a, port: 443, weight: 1}, {name: b, port: 443, weight: 1}",
+        ),
+        (
+            "zero",
+            "zero.test",
+            "{name: a, port: 443, weight: 0}, {name: b, port: 443, weight: 1}",
+        ),
+        (
+            "allzero",
+            "allzero.test",
+            "{name: a, port: 443, weight: 0}, {name: b, port: 443, weight: 0}",
+        ),
+    ] {
+        m.push_str(&tls_route(
+            "team",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: tls, namespace: default}}]\n  hostnames: [{host}]\n  rules: [{{backendRefs: [{refs}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-tls-weights", &m, &[]);
+    let p = &s.proxy;
+    // 1:1: over 40 connections both backends answer (each connection reaches one of them).
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let cn = harness::served_certificate(p, Some("w.test"));
+        assert!(cn == "a-backend.test" || cn == "b-backend.test", "{cn}");
+        seen.insert(cn);
+    }
+    assert_eq!(seen.len(), 2, "both weighted backends carry connections");
+    // Weight 0 gets nothing.
+    for _ in 0..10 {
+        assert_eq!(
+            harness::served_certificate(p, Some("zero.test")),
+            "b-backend.test"
+        );
+    }
+    // All weights 0: the connection is closed without a TLS session.
+    let r = p.https("allzero.test", "/", &pki.ca, &["-k"]);
+    assert_eq!(r.status, 0, "{r:?}");
+    let st = status_of(&s.render_output, "TLSRoute", "team/split").expect("status");
+    let c = &st["parents"][0]["conditions"];
+    assert_eq!(condition(c, "Accepted"), pair("True", "Accepted"));
+    assert_eq!(condition(c, "ResolvedRefs"), pair("True", "ResolvedRefs"));
+}
+
+/// A TLSRoute on `listener` of Gateway `mix` for `hosts`, to `backend` (port `bport`).
+fn tls_route_to(name: &str, listener: &str, hosts: &str, backend: &str, bport: u16) -> String {
+    tls_route(
+        "team",
+        name,
+        "2024-01-01T00:00:00Z",
+        &format!("  parentRefs: [{{name: mix, namespace: default, sectionName: {listener}}}]\n  hostnames: [{hosts}]\n  rules: [{{backendRefs: [{{name: {backend}, port: {bport}}}]}}]\n"),
+    )
+}
+
+#[test]
+fn tls_terminate_listeners_send_decrypted_bytes_to_tls_routes_and_share_ports_with_https() {
+    let dir = harness::TempDir::new("pki-gw-tls-terminate");
+    let pki = harness::Pki::new(dir.path());
+    let (echo, echo2) = (
+        harness::TcpEcho::start("echo"),
+        harness::TcpEcho::start("echo2"),
+    );
+    let web = Echo::start("web");
+    let (cert, key) = pki.server_files("db", &["x.pt.alt.test"]);
+    let (ip, port) = (harness::unique_loopback(), 9443);
+    let _db = harness::TlsServer::start(&cert, &key, &ip, port);
+    let mut m = harness::tcp_service_yaml("team", "echo", 7000, echo.port);
+    m.push_str(&harness::tcp_service_yaml(
+        "team", "echo2", 7000, echo2.port,
+    ));
+    m.push_str(&harness::tls_service_yaml_in("team", "db", &ip, port));
+    m.push_str(&service_yaml("team", "web", &web));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "term-cert", &["term.test"]));
+    m.push_str(&pki.secret_yaml("default", "web-cert", &["web.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "t-cert", &["*.t.alt.test"]));
+    m.push_str(&pki.secret_yaml("default", "only-cert", &["only.test"]));
+    m.push_str(&pki.secret_yaml("certs", "granted-cert", &["granted.test"]));
+    m.push_str(&pki.secret_yaml("certs2", "stolen-cert", &["stolen.test"]));
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: ReferenceGrant\nmetadata: {name: gw, namespace: certs}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: default}]\n  to: [{group: \"\", kind: Secret}]\n");
+    m.push_str(&gateway_yaml(
+        "mix",
+        r#"    - {name: term443, protocol: TLS, port: 443, hostname: term.test, tls: {mode: Terminate, certificateRefs: [{name: term-cert}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: web, protocol: HTTPS, port: 10443, hostname: web.alt.test, tls: {certificateRefs: [{name: web-cert}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: pt, protocol: TLS, port: 10443, hostname: "*.pt.alt.test", tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: term, protocol: TLS, port: 10443, hostname: "*.t.alt.test", tls: {mode: Terminate, certificateRefs: [{name: t-cert}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: only, protocol: TLS, port: 10444, hostname: only.test, tls: {certificateRefs: [{name: only-cert}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: granted, protocol: TLS, port: 10444, hostname: granted.test, tls: {certificateRefs: [{name: granted-cert, namespace: certs}]}, allowedRoutes: {namespaces: {from: All}}}
+    - {name: nogrant, protocol: TLS, port: 10444, hostname: stolen.test, tls: {certificateRefs: [{name: stolen-cert, namespace: certs2}]}, allowedRoutes: {namespaces: {from: All}}}
+"#,
+    ));
+    m.push_str(&tls_route_to(
+        "term443",
+        "term443",
+        "term.test",
+        "echo",
+        7000,
+    ));
+    m.push_str(&tls_route_to("term", "term", "db.t.alt.test", "echo", 7000));
+    m.push_str(&tls_route_to("pt", "pt", "\"*.pt.alt.test\"", "db", 443));
+    // A weighted route on a terminating listener: a 1:1 split of the decrypted connections.
+    m.push_str(&tls_route(
+        "team",
+        "only",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: mix, namespace: default, sectionName: only}]\n  hostnames: [only.test]\n  rules: [{backendRefs: [{name: echo, port: 7000, weight: 1}, {name: echo2, port: 7000, weight: 1}]}]\n",
+    ));
+    m.push_str(&tls_route_to(
+        "granted",
+        "granted",
+        "granted.test",
+        "echo",
+        7000,
+    ));
+    m.push_str(&tls_route_to(
+        "nogrant",
+        "nogrant",
+        "stolen.test",
+        "echo",
+        7000,
+    ));
+    m.push_str(&route(
+        "team",
+        "web",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: mix, namespace: default, sectionName: web}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
+    ));
+    let s = Scenario::start("gateway-tls-terminate", &m, &[]);
+    let p = &s.proxy;
+    let ip = p.ports.ip.as_str();
+    let ca = Some(pki.ca.as_path());
+    let exchange = |port: u16, sni: &str, verify: bool| {
+        harness::tls_exchange(ip, port, sni, verify.then_some(ca).flatten(), b"hello", 10)
+    };
+    let routed = |cn: &str| harness::TlsExchange {
+        common_name: cn.to_string(),
+        reply: b"echo:hello".to_vec(),
+    };
+    // 443: the listener's certificate (verified for the name), then the decrypted bytes, raw,
+    // to the TCP backend; HTTPS keeps its frontend on 443 for other names.
+    assert_eq!(
+        exchange(p.ports.https, "term.test", true),
+        Ok(routed("term.test"))
+    );
+    assert_eq!(
+        harness::served_certificate(p, Some("unknown.test")),
+        "default.invalid"
+    );
+    // 10443, shared by HTTPS, passthrough and terminated TLS: each name reaches its own kind.
+    assert_eq!(
+        exchange(10443, "db.t.alt.test", true),
+        Ok(routed("*.t.alt.test"))
+    );
+    let resolve = |sni: &str| format!("{sni}:10443:{ip}");
+    let https = |sni: &str, host: &str| {
+        let r = harness::get(
+            &format!("https://{sni}:10443/"),
+            &[
+                "--resolve",
+                &resolve(sni),
+                "--cacert",
+                &pki.ca.display().to_string(),
+                "-H",
+                &format!("Host: {host}"),
+            ],
+        );
+        (r.status, r.backend().unwrap_or("").to_string(), r.body)
+    };
+    let (status, backend, _) = https("web.alt.test", "web.alt.test");
+    assert_eq!((status, backend.as_str()), (200, "web"));
+    // The 421 check of the port's HTTPS listeners holds behind the shared port.
+    assert_eq!(https("web.alt.test", "db.t.alt.test").0, 421);
+    // Passthrough: the client verifies the backend's own certificate through HAProxy.
+    let (status, _, body) = https("x.pt.alt.test", "x.pt.alt.test");
+    assert_eq!((status, body.contains("s_server")), (200, true), "{body}");
+    // A name under the terminated wildcard that no TLSRoute has is not routed to the echo.
+    let other = exchange(10443, "none.t.alt.test", false).expect("handshake");
+    assert!(!other.reply.starts_with(b"echo:"), "{other:?}");
+    // 10444, terminated TLS only: the listener's own certificate per name (one granted from
+    // another namespace); a name without route gets the TLS session but no backend.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..24 {
+        let x = exchange(10444, "only.test", true).expect("handshake");
+        assert_eq!(x.common_name, "only.test");
+        assert!(
+            x.reply == b"echo:hello" || x.reply == b"echo2:hello",
+            "{x:?}"
+        );
+        seen.insert(x.reply);
+    }
+    assert_eq!(seen.len(), 2, "both weighted backends carry connections");
+    assert_eq!(
+        exchange(10444, "granted.test", true),
+        Ok(routed("granted.test"))
+    );
+    let unknown = exchange(10444, "unknown.test", false).expect("handshake");
+    assert_eq!(unknown.reply, b"", "{unknown:?}");
+    // The certificate of another namespace without a ReferenceGrant is never served.
+    let stolen = exchange(10444, "stolen.test", false).expect("handshake");
+    assert_ne!(stolen.common_name, "stolen.test");
+    assert_eq!(stolen.reply, b"", "{stolen:?}");
+
+    // Statuses.
+    let gw = status_of(&s.render_output, "Gateway", "default/mix").expect("Gateway status");
+    for name in ["term443", "web", "pt", "term", "only", "granted"] {
+        let l = listener(&gw, name);
+        assert_eq!(
+            condition(&l["conditions"], "Programmed"),
+            pair("True", "Programmed"),
+            "{l}"
+        );
+        assert_eq!(
+            condition(&l["conditions"], "Conflicted"),
+            pair("False", "NoConflicts"),
+            "{l}"
+        );
+        assert_eq!(l["attachedRoutes"], 1, "{l}");
+    }
+    assert_eq!(kinds_of(listener(&gw, "term")), ["TLSRoute"]);
+    let l = listener(&gw, "nogrant");
+    assert_eq!(
+        condition(&l["conditions"], "ResolvedRefs"),
+        pair("False", "RefNotPermitted")
+    );
+    assert_eq!(condition(&l["conditions"], "Programmed").0, "False");
+    let st = status_of(&s.render_output, "TLSRoute", "team/term").expect("status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "Accepted"),
+        pair("True", "Accepted")
+    );
+}
+
 /// The value of the cookie `name` a response sets, if any.
 fn set_cookie(r: &harness::Response, name: &str) -> Option<String> {
     r.headers

@@ -195,6 +195,21 @@ impl Ports {
             status: 8404,
         }
     }
+
+    /// On the IPv6 loopback `[::1]`, which every test shares: ports the kernel picked (bound
+    /// together, released just before HAProxy binds them), or `None` when this machine has
+    /// no IPv6 loopback.
+    pub fn ipv6_loopback() -> Option<Ports> {
+        let bind = || std::net::TcpListener::bind("[::1]:0").ok();
+        let (a, b, c) = (bind()?, bind()?, bind()?);
+        let port = |l: &std::net::TcpListener| l.local_addr().map(|a| a.port()).ok();
+        Some(Ports {
+            ip: "[::1]".to_string(),
+            http: port(&a)?,
+            https: port(&b)?,
+            status: port(&c)?,
+        })
+    }
 }
 
 /// Runs `haptic render` of the six libraries on the fixtures; returns its stdout (which lists
@@ -219,7 +234,8 @@ pub fn render(
         ("http_port".to_string(), ports.http.to_string()),
         ("https_port".to_string(), ports.https.to_string()),
         ("status_port".to_string(), ports.status.to_string()),
-        ("bind_address".to_string(), ports.ip.clone()),
+        // quoted: a YAML scalar `[::1]` would be a list
+        ("bind_address".to_string(), format!("'{}'", ports.ip)),
     ];
     context.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     for (k, v) in context {
@@ -506,10 +522,14 @@ pub struct Scenario {
 
 impl Scenario {
     pub fn start(name: &str, manifests: &str, extra: &[(&str, &str)]) -> Scenario {
+        Scenario::start_on(name, manifests, extra, Ports::pick())
+    }
+
+    /// [`Scenario::start`] on the given address and ports.
+    pub fn start_on(name: &str, manifests: &str, extra: &[(&str, &str)], ports: Ports) -> Scenario {
         let fixtures = TempDir::new(&format!("{name}-fixtures"));
         std::fs::write(fixtures.path().join("manifests.yaml"), manifests).expect("write fixtures");
         let out = TempDir::new(&format!("{name}-out"));
-        let ports = Ports::pick();
         let render_output = render(fixtures.path(), out.path(), &ports, extra)
             .unwrap_or_else(|e| panic!("{name}: {e}"));
         let proxy = HAProxy::start(out.path(), ports);
@@ -683,4 +703,78 @@ pub fn served_certificate(p: &HAProxy, sni: Option<&str>) -> String {
         .find_map(|l| l.strip_prefix("subject="))
         .map(|s| s.replace(' ', "").trim_start_matches("CN=").to_string())
         .unwrap_or_else(|| panic!("no certificate for {sni:?}: {text}"))
+}
+
+/// What a TLS client saw: the common name of the server's certificate, and the bytes that came
+/// back before the peer closed, `expect` bytes arrived, or 5 seconds passed.
+#[derive(Debug, PartialEq)]
+pub struct TlsExchange {
+    pub common_name: String,
+    pub reply: Vec<u8>,
+}
+
+/// Opens a TLS connection to `ip:port` with SNI `sni` (Python's `ssl`; the certificate is
+/// verified against `ca` for that name unless `ca` is `None`), sends `payload` and reads the
+/// answer, as [`tcp_exchange`] does over plain TCP. `Err`: the handshake failed (its error).
+pub fn tls_exchange(
+    ip: &str,
+    port: u16,
+    sni: &str,
+    ca: Option<&Path>,
+    payload: &[u8],
+    expect: usize,
+) -> Result<TlsExchange, String> {
+    const CLIENT: &str = r#"
+import socket, ssl, sys
+ip, port, sni, ca, payload, expect = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5].encode(), int(sys.argv[6])
+if ca:
+    ctx = ssl.create_default_context(cafile=ca)
+else:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+sock = socket.create_connection((ip, port), timeout=5)
+try:
+    tls = ctx.wrap_socket(sock, server_hostname=sni)
+except Exception as e:
+    print("handshake failed:", e, file=sys.stderr)
+    sys.exit(2)
+der = tls.getpeercert(binary_form=True)
+import subprocess
+pem = ssl.DER_cert_to_PEM_cert(der)
+subject = subprocess.run(["openssl", "x509", "-noout", "-subject", "-nameopt", "multiline"], input=pem, capture_output=True, text=True).stdout
+cn = [l.split("=", 1)[1].strip() for l in subject.splitlines() if "commonName" in l]
+print(cn[0] if cn else "")
+got = b""
+try:
+    tls.sendall(payload)
+    while len(got) < expect:
+        data = tls.recv(4096)
+        if not data:
+            break
+        got += data
+except (OSError, ssl.SSLError):
+    pass
+sys.stdout.write(got.hex())
+"#;
+    let ca = ca.map(|p| p.display().to_string()).unwrap_or_default();
+    let payload = String::from_utf8_lossy(payload).into_owned();
+    let out = Command::new("python3")
+        .args(["-c", CLIENT, ip, &port.to_string(), sni, &ca, &payload])
+        .arg(expect.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run python3");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (cn, hex) = text.split_once('\n').unwrap_or((&text, ""));
+    let reply = (0..hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+        .collect();
+    Ok(TlsExchange {
+        common_name: cn.to_string(),
+        reply,
+    })
 }

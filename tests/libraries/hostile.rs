@@ -47,7 +47,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "Prefix",
         old,
     ));
-    let attacks: [Attack; 15] = [
+    let attacks: [Attack; 16] = [
         // A header name whose tab and '#' would comment out the rule's scoping condition.
         (
             "hdr",
@@ -158,6 +158,21 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
             "/",
             "Prefix",
         ),
+        // An HTTP port for the passthrough that would end the re-routing rule's condition and
+        // take every request.
+        (
+            "ptport",
+            &[
+                ("haproxy-ingress.github.io/ssl-passthrough", "true"),
+                (
+                    "haproxy-ingress.github.io/ssl-passthrough-http-port",
+                    "80 } || { always_true",
+                ),
+            ],
+            "ptport.test",
+            "/",
+            "Prefix",
+        ),
         // Cookie names that would end the cookie directive and add words or lines.
         (
             "scookie",
@@ -240,6 +255,7 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         "xff.test",
         "tclient.test",
         "ptval.test",
+        "ptport.test",
         "scookie.test",
         "hidyn.test",
         "racl.test",
@@ -258,6 +274,10 @@ fn hostile_tenants_cannot_touch_a_victims_traffic() {
         ("tclient", "haproxy.org/timeout-client"),
         ("ptsteal", "belongs to namespace victim"),
         ("ptval", "haproxy-ingress.github.io/ssl-passthrough"),
+        (
+            "ptport",
+            "haproxy-ingress.github.io/ssl-passthrough-http-port",
+        ),
         ("scookie", "haproxy.org/cookie-persistence-no-dynamic"),
         ("hidyn", "haproxy-ingress.github.io/session-cookie-dynamic"),
         ("racl", "haproxy.org/route-acl"),
@@ -450,4 +470,166 @@ fn a_newer_ingress_cannot_take_an_older_httproutes_name() {
         "{}",
         s.render_output
     );
+}
+
+/// A TLSRoute wildcard matches names of any depth, but a newer TLSRoute of another namespace
+/// was checked against the owner's wildcard one label up only: its exact a.b.victim.test (the
+/// exact map wins over a wildcard) and its narrower *.c.victim.test (the longest wildcard wins)
+/// took connections from the victim's older *.victim.test.
+#[test]
+fn a_newer_tlsroute_cannot_take_names_deep_under_an_older_tlsroutes_wildcard() {
+    let dir = super::harness::TempDir::new("pki-review-tls-wildcard");
+    let pki = super::harness::Pki::new(dir.path());
+    let (victim_cert, victim_key) = pki.server_files(
+        "victim-db",
+        &["victim-backend.test", "a.b.victim.test", "x.c.victim.test"],
+    );
+    let (evil_cert, evil_key) = pki.server_files(
+        "evil-db",
+        &["evil-backend.test", "a.b.victim.test", "x.c.victim.test"],
+    );
+    let (victim_ip, evil_ip) = (
+        super::harness::unique_loopback(),
+        super::harness::unique_loopback(),
+    );
+    let _victim = super::harness::TlsServer::start(&victim_cert, &victim_key, &victim_ip, 9443);
+    let _evil = super::harness::TlsServer::start(&evil_cert, &evil_key, &evil_ip, 9443);
+    let mut m = super::harness::tls_service_yaml_in("victim", "db", &victim_ip, 9443);
+    m.push_str(&super::harness::tls_service_yaml_in(
+        "evil", "db", &evil_ip, 9443,
+    ));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(GATEWAY_CLASS);
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: tls, namespace: default}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: pt, protocol: TLS, port: 443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}\n");
+    for (ns, name, ts, host) in [
+        ("victim", "db", "2024-01-01T00:00:00Z", "\"*.victim.test\""),
+        ("evil", "deep", "2024-06-01T00:00:00Z", "a.b.victim.test"),
+        (
+            "evil",
+            "narrow",
+            "2024-06-02T00:00:00Z",
+            "\"*.c.victim.test\"",
+        ),
+    ] {
+        m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1\nkind: TLSRoute\nmetadata: {{name: {name}, namespace: {ns}, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n  parentRefs: [{{name: tls, namespace: default, sectionName: pt}}]\n  hostnames: [{host}]\n  rules: [{{backendRefs: [{{name: db, port: 443}}]}}]\n"));
+    }
+    let s = Scenario::start("hostile-tlsroute-deep-wildcard", &m, &[]);
+    // The backend's own certificate tells which TLS server the connection reached.
+    for sni in ["a.b.victim.test", "x.c.victim.test"] {
+        assert_eq!(
+            super::harness::served_certificate(&s.proxy, Some(sni)),
+            "victim-backend.test",
+            "{sni}\n{}",
+            s.render_output
+        );
+    }
+    assert!(
+        s.render_output.contains("TLSRoute evil/deep")
+            && s.render_output.contains("TLSRoute evil/narrow"),
+        "{}",
+        s.render_output
+    );
+}
+
+/// Host ownership across kinds, in its TLS passthrough form, in both orders: between a
+/// Gateway route and an Ingress with ssl-passthrough (haproxytech's or haproxy-ingress's) of
+/// different namespaces, the older claim keeps the name's raw TLS. Which backend answers is
+/// told by the certificate a real TLS client gets through HAProxy: the victim's backend and the
+/// attacker's both hold one valid for the name, with different common names.
+#[test]
+fn ssl_passthrough_ownership_goes_to_the_older_claim_in_both_orders() {
+    use super::harness::{served_certificate, tls_service_yaml_in, unique_loopback};
+    let dir = super::harness::TempDir::new("pki-passthrough-ownership");
+    let pki = super::harness::Pki::new(dir.path());
+    let hosts = [
+        "route-first.test",
+        "ingress-first.test",
+        "httproute-first.test",
+    ];
+    let mut victim_names = vec!["victim-backend.invalid"];
+    victim_names.extend(hosts);
+    let mut evil_names = vec!["evil-backend.invalid"];
+    evil_names.extend(hosts);
+    let (cert, key) = pki.server_files("victim-db", &victim_names);
+    let (victim_ip, port) = (unique_loopback(), 9443);
+    let _victim = super::harness::TlsServer::start(&cert, &key, &victim_ip, port);
+    let (cert, key) = pki.server_files("evil-db", &evil_names);
+    let evil_ip = unique_loopback();
+    let _evil = super::harness::TlsServer::start(&cert, &key, &evil_ip, port);
+    let web = Echo::start("victim-web");
+    let mut m = tls_service_yaml_in("victim", "db", &victim_ip, port);
+    m.push_str(&tls_service_yaml_in("evil", "db", &evil_ip, port));
+    m.push_str(&service_yaml("victim", "web", &web));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(GATEWAY_CLASS);
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: default}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: pt, protocol: TLS, port: 443, tls: {mode: Passthrough}, allowedRoutes: {namespaces: {from: All}}}\n    - {name: http, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: All}}}\n");
+    let route = |kind: &str, ns: &str, host: &str, ts: &str, section: &str, backend: &str| {
+        format!("---\napiVersion: gateway.networking.k8s.io/v1\nkind: {kind}\nmetadata: {{name: r, namespace: {ns}, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n  parentRefs: [{{name: gw, namespace: default, sectionName: {section}}}]\n  hostnames: [{host}]\n  rules: [{{backendRefs: [{{name: {backend}, port: {{}}}}]}}]\n")
+            .replace("port: {}", if backend == "db" { "port: 443" } else { "port: 80" })
+    };
+    let passthrough = |ns: &str, name: &str, host: &str, ts: &str, annotation: &str| {
+        format!("---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: {ns}, creationTimestamp: \"{ts}\", annotations: {{{annotation}: \"true\"}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {host}, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: db, port: {{number: 443}}}}}}}}]}}}}]}}\n")
+    };
+    let (old, new) = ("2024-01-01T00:00:00Z", "2024-06-01T00:00:00Z");
+    // An older TLSRoute, then a newer Ingress passing the same name through.
+    m.push_str(&route("TLSRoute", "victim", hosts[0], old, "pt", "db"));
+    m.push_str(&passthrough(
+        "evil",
+        "pt1",
+        hosts[0],
+        new,
+        "haproxy.org/ssl-passthrough",
+    ));
+    // An older Ingress passing a name through, then a newer TLSRoute for it.
+    m.push_str(&passthrough(
+        "victim",
+        "pt2",
+        hosts[1],
+        old,
+        "haproxy.org/ssl-passthrough",
+    ));
+    m.push_str(&route("TLSRoute", "evil", hosts[1], new, "pt", "db"));
+    // An older HTTPRoute (HTTP only), then a newer Ingress with haproxy-ingress's passthrough.
+    m.push_str(&route("HTTPRoute", "victim", hosts[2], old, "http", "web"));
+    m.push_str(&passthrough(
+        "evil",
+        "pt3",
+        hosts[2],
+        new,
+        "haproxy-ingress.github.io/ssl-passthrough",
+    ));
+    let s = Scenario::start("hostile-passthrough-ownership", &m, &[]);
+    let (p, out) = (&s.proxy, &s.render_output);
+    for host in &hosts[..2] {
+        assert_eq!(
+            served_certificate(p, Some(host)),
+            "victim-backend.invalid",
+            "{host}: the older claim's backend answers TLS\n{out}"
+        );
+        let r = p.https(host, "/", &pki.ca, &[]);
+        assert!(
+            r.status == 200 && r.body.contains("s_server"),
+            "{host}: {r:?}"
+        );
+    }
+    // The HTTPRoute's name is not passed through at all: HAProxy terminates TLS for it (its
+    // default certificate), and plain HTTP reaches the route's backend.
+    assert_eq!(
+        served_certificate(p, Some(hosts[2])),
+        "default.invalid",
+        "{out}"
+    );
+    let r = p.http(hosts[2], "/");
+    assert_eq!((r.status, r.backend()), (200, Some("victim-web")), "{r:?}");
+    // Each newer claim is left out, naming the owner.
+    for (object, reason) in [
+        ("Ingress evil/pt1", "spec.rules[0].host: host route-first.test belongs to namespace victim (TLSRoute victim/r claimed it first)"),
+        ("TLSRoute evil/r", "spec.hostnames: host ingress-first.test belongs to namespace victim (Ingress victim/pt2 claimed it first)"),
+        ("Ingress evil/pt3", "spec.rules[0].host: host httproute-first.test belongs to namespace victim (HTTPRoute victim/r claimed it first)"),
+    ] {
+        assert!(
+            out.lines().any(|l| l.contains(&format!("{object}: ")) && l.ends_with(reason)),
+            "{object} is not left out for {reason:?}:\n{out}"
+        );
+    }
 }
