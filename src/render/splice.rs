@@ -95,12 +95,18 @@ struct Readers {
 
 /// The `Readers::lookups` key of a lookup.
 fn lookup(store: &str, keys: &[String]) -> String {
-    let mut out = String::from(store);
+    let mut out = String::new();
+    write_lookup(&mut out, store, keys);
+    out
+}
+
+fn write_lookup(out: &mut String, store: &str, keys: &[String]) {
+    out.clear();
+    out.push_str(store);
     for k in keys {
         out.push('\0');
         out.push_str(k);
     }
-    out
 }
 
 fn push_once(list: &mut Vec<Reader>, reader: Reader) {
@@ -109,9 +115,21 @@ fn push_once(list: &mut Vec<Reader>, reader: Reader) {
     }
 }
 
+/// Adds `reader` under `key`, allocating the key only the first time it is seen (this runs
+/// for every read of every unit when a render is kept for splicing).
+fn add_reader(map: &mut HashMap<String, Vec<Reader>>, key: &str, reader: Reader) {
+    match map.get_mut(key) {
+        Some(list) => push_once(list, reader),
+        None => {
+            map.insert(key.to_string(), vec![reader]);
+        }
+    }
+}
+
 impl Readers {
     /// Adds `reader` for everything `reads` touch.
     fn add(&mut self, reads: &[Read], reader: Reader) {
+        let mut key = String::new();
         for read in reads {
             match read {
                 Read::Store {
@@ -120,19 +138,16 @@ impl Readers {
                     keys,
                     ..
                 } => {
-                    push_once(self.all.entry(store.clone()).or_default(), reader);
+                    add_reader(&mut self.all, store, reader);
                     match method {
-                        units::StoreMethod::List => {
-                            push_once(self.lists.entry(store.clone()).or_default(), reader)
-                        }
+                        units::StoreMethod::List => add_reader(&mut self.lists, store, reader),
                         _ => {
-                            push_once(self.lookups.entry(lookup(store, keys)).or_default(), reader)
+                            write_lookup(&mut key, store, keys);
+                            add_reader(&mut self.lookups, &key, reader)
                         }
                     }
                 }
-                Read::Current { .. } => {
-                    push_once(self.all.entry(CURRENT.to_string()).or_default(), reader)
-                }
+                Read::Current { .. } => add_reader(&mut self.all, CURRENT, reader),
                 _ => {}
             }
         }

@@ -241,21 +241,59 @@ fn fuel_stops_runaway_templates() {
 
 #[test]
 fn post_processing_normalises_lines_and_trailing_newline() {
-    let steps = vec![RegexReplace {
-        regex: regex::Regex::new("^[ ]+").unwrap(),
-        replace: "  ".into(),
-    }];
+    let steps = vec![RegexReplace::new("^[ ]+", "  ".into()).unwrap()];
     assert_eq!(
         post_process("global\n      daemon\n\tkeep\n\n\n", &steps),
         "global\n  daemon\n\tkeep\n"
     );
     assert_eq!(post_process("", &[]), "\n");
     assert_eq!(post_process("x", &[]), "x\n");
-    let anchors = vec![RegexReplace {
-        regex: regex::Regex::new("(\\w+)$").unwrap(),
-        replace: "<$1>".into(),
-    }];
+    let anchors = vec![RegexReplace::new("(\\w+)$", "<$1>".into()).unwrap()];
     assert_eq!(post_process("a b\nc d\n", &anchors), "a <b>\nc <d>\n");
+}
+
+/// The indentation normaliser done by hand gives what the regex gives, line for line.
+#[test]
+fn leading_space_normaliser_matches_the_regex() {
+    let lines = [
+        "",
+        " ",
+        "   ",
+        "x",
+        " x",
+        "    x y  ",
+        "\tx",
+        " \tx",
+        "\u{a0}x",
+        "  é ",
+        "x  ",
+    ];
+    for (pattern, replace) in [("^[ ]+", "  "), ("^ +", ""), ("^[ ]+", "    ")] {
+        let fast = RegexReplace::new(pattern, replace.into()).unwrap();
+        assert!(fast.leading_spaces, "{pattern}");
+        let slow = RegexReplace {
+            leading_spaces: false,
+            ..fast.clone()
+        };
+        for line in lines {
+            assert_eq!(
+                fast.apply(line),
+                slow.apply(line),
+                "{pattern:?} on {line:?}"
+            );
+        }
+    }
+    // A replacement naming a group, or another pattern, keeps the regex.
+    assert!(
+        !RegexReplace::new("^( +)", "$1".into())
+            .unwrap()
+            .leading_spaces
+    );
+    assert!(
+        !RegexReplace::new("^[ ]+", "$0".into())
+            .unwrap()
+            .leading_spaces
+    );
 }
 
 #[test]
@@ -603,4 +641,24 @@ fn unit_output_through_a_macro_or_set_block_is_never_spliced() {
         assert!(!cache.stats.spliced, "{top}");
         assert!(out.haproxy_cfg.contains("127.0.0.1:18001"));
     }
+}
+
+/// Unit markers are removed and each unit's place is reported: its lines and its byte span in
+/// the clean text, inner units before the ones around them; other private-use characters
+/// (the markers' lead byte), and a stray id terminator, are plain text.
+#[test]
+fn strip_markers_reports_unit_spans() {
+    use units::{MARK_END, MARK_ID_END, MARK_START};
+    let text = format!(
+        "a\n{MARK_START}7{MARK_ID_END}b\u{e100}\nc{MARK_START}8{MARK_ID_END}d\n{MARK_END}{MARK_END}\ne{MARK_ID_END}\n"
+    );
+    let (clean, marks) = units::strip_markers(&text);
+    assert_eq!(clean, format!("a\nb\u{e100}\ncd\n\ne{MARK_ID_END}\n"));
+    let spans: Vec<_> = marks
+        .iter()
+        .map(|m| (m.id, m.first, m.last, &clean[m.start..m.end]))
+        .collect();
+    assert_eq!(spans, vec![(8, 3, 4, "d\n"), (7, 2, 4, "b\u{e100}\ncd\n")]);
+    let (clean, marks) = units::strip_markers("plain\n");
+    assert_eq!((clean.as_str(), marks.len()), ("plain\n", 0));
 }

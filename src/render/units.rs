@@ -1223,41 +1223,55 @@ pub(super) fn strip_markers(text: &str) -> (String, Vec<Mark>) {
     let mut open: Vec<(usize, usize, usize)> = Vec::new();
     let mut line = 1usize;
     let mut rest = text;
-    // Copy runs of plain text at once; only markers and new lines need attention.
-    while let Some(i) = rest.find([MARK_START, MARK_END, '\n']) {
-        out.push_str(&rest[..i]);
+    // Copy the text between markers at once; its line breaks are counted, not visited one by
+    // one (this runs over the whole configuration on every render that is not spliced).
+    while let Some(i) = find_marker(rest) {
+        let plain = &rest[..i];
+        line += plain.bytes().filter(|&b| b == b'\n').count();
+        out.push_str(plain);
         let c = rest[i..].chars().next().unwrap_or_default();
         rest = &rest[i + c.len_utf8()..];
-        match c {
-            MARK_START => {
-                let (id, after) = match rest.find(MARK_ID_END) {
-                    Some(j) => (&rest[..j], &rest[j + MARK_ID_END.len_utf8()..]),
-                    None => (rest, ""),
-                };
-                rest = after;
-                if let Ok(id) = id.parse::<usize>() {
-                    open.push((id, line, out.len()));
-                }
+        if c == MARK_START {
+            let (id, after) = match rest.find(MARK_ID_END) {
+                Some(j) => (&rest[..j], &rest[j + MARK_ID_END.len_utf8()..]),
+                None => (rest, ""),
+            };
+            rest = after;
+            if let Ok(id) = id.parse::<usize>() {
+                open.push((id, line, out.len()));
             }
-            MARK_END => {
-                if let Some((id, first, start)) = open.pop() {
-                    marks.push(Mark {
-                        id,
-                        first,
-                        last: line,
-                        start,
-                        end: out.len(),
-                    });
-                }
-            }
-            _ => {
-                line += 1;
-                out.push(c);
-            }
+        } else if let Some((id, first, start)) = open.pop() {
+            marks.push(Mark {
+                id,
+                first,
+                last: line,
+                start,
+                end: out.len(),
+            });
         }
     }
     out.push_str(rest);
     (out, marks)
+}
+
+/// The byte offset of the first [`MARK_START`] or [`MARK_END`] in `text`. Both are three bytes
+/// in UTF-8 with the same lead byte, which never occurs inside another character's encoding.
+fn find_marker(text: &str) -> Option<usize> {
+    let mut start = [0u8; 4];
+    let mut end = [0u8; 4];
+    let start = MARK_START.encode_utf8(&mut start).as_bytes();
+    let end = MARK_END.encode_utf8(&mut end).as_bytes();
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    while let Some(j) = bytes[from..].iter().position(|&b| b == start[0]) {
+        let at = from + j;
+        let here = &bytes[at..];
+        if here.starts_with(start) || here.starts_with(end) {
+            return Some(at);
+        }
+        from = at + 1;
+    }
+    None
 }
 
 /// Records an append to the shared list under `shared_key` (`shared.append`, or `append` on a
