@@ -879,8 +879,10 @@ pub(super) fn unit(state: &State, template: &str, kwargs: Kwargs) -> Result<Valu
 }
 
 fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Error> {
-    let owner_value: Option<Value> = kwargs.get("owner")?;
-    let key: Option<String> = kwargs.get("key")?;
+    // `peek`, not `get`: every keyword is an argument of the unit, so none is checked for
+    // use, and `get` would record each name in a set on every call of every unit.
+    let owner_value: Option<Value> = kwargs.peek("owner")?;
+    let key: Option<String> = kwargs.peek("key")?;
     let mut args: Vec<(String, Value)> = Vec::new();
     for name in kwargs.args() {
         if name == "key" {
@@ -888,7 +890,7 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
         }
         // Compared as they are against a memoized unit's (frozen) arguments; frozen only when
         // a fresh recording is stored.
-        let v: Value = kwargs.get(name)?;
+        let v: Value = kwargs.peek(name)?;
         args.push((name.to_string(), v));
     }
     let owner = owner_value.as_ref().and_then(Owner::from_value);
