@@ -1064,6 +1064,13 @@ fn tls_routes_pass_raw_tls_through_by_sni() {
         "  parentRefs: [{name: tls, sectionName: secure}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
     ));
     let s = Scenario::start("gateway-tlsroute", &m, &[]);
+    // haproxy -c (its warnings are in the render output) does not ignore `option forwardfor`
+    // in a mode tcp backend: they use the defaults without it.
+    assert!(
+        !s.render_output.contains("requires HTTP mode"),
+        "{}",
+        s.render_output
+    );
     let p = &s.proxy;
     let passed_through = |sni: &str| {
         let r = p.https(sni, "/", &pki.ca, &[]);
@@ -1553,6 +1560,13 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
         m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {{name: {name}, namespace: team, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n  parentRefs: [{{name: tcp, namespace: default, sectionName: {section}}}]\n  rules: [{{backendRefs: [{backend}]}}]\n"));
     }
     let s = Scenario::start("gateway-tcproute", &m, &[]);
+    // haproxy -c (its warnings are in the render output) does not ignore `option forwardfor`
+    // in a mode tcp backend: they use the defaults without it.
+    assert!(
+        !s.render_output.contains("requires HTTP mode"),
+        "{}",
+        s.render_output
+    );
     let ip = s.proxy.ports.ip.as_str();
     // The oldest TCPRoute on the listener carries the bytes, both ways, undecoded.
     assert_eq!(
@@ -1876,6 +1890,13 @@ fn tls_terminate_listeners_send_decrypted_bytes_to_tls_routes_and_share_ports_wi
         "  parentRefs: [{name: mix, namespace: default, sectionName: web}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
     ));
     let s = Scenario::start("gateway-tls-terminate", &m, &[]);
+    // haproxy -c (its warnings are in the render output) does not ignore `option forwardfor`
+    // in a mode tcp backend: they use the defaults without it.
+    assert!(
+        !s.render_output.contains("requires HTTP mode"),
+        "{}",
+        s.render_output
+    );
     let p = &s.proxy;
     let ip = p.ports.ip.as_str();
     let ca = Some(pki.ca.as_path());
