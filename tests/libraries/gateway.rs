@@ -556,6 +556,99 @@ spec:
 }
 
 #[test]
+fn grpc_route_backend_ref_header_filters_apply_to_their_backend_only() {
+    let python = grpc_python();
+    let one = GrpcEcho::start(&python, "one");
+    let two = GrpcEcho::start(&python, "two");
+    let mut m = service_yaml_port("default", "one", one.port);
+    m.push_str(&service_yaml_port("default", "two", two.port));
+    m.push_str(GATEWAYS);
+    m.push_str(
+        r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: befilters, namespace: default, creationTimestamp: "2024-01-01T00:00:00Z", generation: 1}
+spec:
+  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [grpc-be.test]
+  rules:
+    - matches: [{method: {service: demo.Split}}]
+      filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-rule, value: r}]}}]
+      backendRefs:
+        - name: one
+          port: 80
+          filters:
+            - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-be, value: one}], remove: [x-drop]}}
+            - {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: x-resp-be, value: one}]}}
+        - name: two
+          port: 80
+          filters:
+            - {type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: x-be, value: two}]}}
+    - matches: [{method: {service: demo.Ext}}]
+      backendRefs:
+        - name: one
+          port: 80
+          filters: [{type: ExtensionRef, extensionRef: {group: example.com, kind: Filter, name: f}}]
+"#,
+    );
+    let s = Scenario::start("gateway-grpc-befilters", &m, &[]);
+    let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
+    // 40 calls on one HTTP/2 connection: each call is a request of its own to HAProxy, so
+    // each picks a backendRef by weight and gets only that backendRef's filters.
+    let out = std::process::Command::new(&python)
+        .arg(harness::root().join("tests/libraries/grpc_echo.py"))
+        .args([
+            "calls",
+            &target,
+            "grpc-be.test",
+            "/demo.Split/SayMeta",
+            "hi",
+            "40",
+            "x-drop=d",
+        ])
+        .output()
+        .expect("gRPC client");
+    let out = String::from_utf8_lossy(&out.stdout);
+    let mut seen = std::collections::BTreeMap::new();
+    for full in out.lines() {
+        // HAProxy's own X-Forwarded-For and X-Forwarded-Proto are not the filters' business.
+        let words: Vec<&str> = full
+            .split(' ')
+            .filter(|w| !w.starts_with("x-forwarded-"))
+            .collect();
+        let line = words.join(" ");
+        match line.as_str() {
+            // x-drop removed, x-be set, the response gets x-resp-be: only for `one`.
+            "one /demo.Split/SayMeta hi x-be=one x-rule=r | x-resp-be=one" => {}
+            // `two` keeps x-drop, gets its own x-be (added), no response header.
+            "two /demo.Split/SayMeta hi x-be=two x-drop=d x-rule=r |" => {}
+            other => panic!("unexpected answer {other:?} in:\n{out}"),
+        }
+        *seen.entry(words[0]).or_insert(0) += 1;
+    }
+    assert_eq!(seen.values().sum::<usize>(), 40, "{out}");
+    assert_eq!(seen.len(), 2, "both backends answered in 40 calls: {seen:?}");
+    // A filter kind the library cannot apply (ExtensionRef) makes its rule answer 500 (not
+    // OK for the client), named in the route's Accepted condition; the other rule is served.
+    let out = std::process::Command::new(&python)
+        .arg(harness::root().join("tests/libraries/grpc_echo.py"))
+        .args(["calls", &target, "grpc-be.test", "/demo.Ext/SayMeta", "hi", "1"])
+        .output()
+        .expect("gRPC client");
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(out.starts_with("status ") && !out.contains("one /"), "{out}");
+    let st = status_of(&s.render_output, "GRPCRoute", "default/befilters").expect("status");
+    let conditions = &st["parents"][0]["conditions"];
+    assert_eq!(condition(conditions, "Accepted"), pair("True", "Accepted"));
+    let message = conditions[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("rule 1: backendRef filter ExtensionRef is not supported (answers 500)"),
+        "{message}"
+    );
+    assert!(!message.contains("rule 0"), "{message}");
+}
+
+#[test]
 fn grpc_routes_carry_tls_and_streaming_calls_through_the_https_listener() {
     let python = grpc_python();
     let dir = harness::TempDir::new("pki-gw-grpcs");
