@@ -372,6 +372,64 @@ fn gateway_route_status_keeps_other_controllers_entries() {
 }
 
 #[test]
+fn gateway_with_parameters_ref_is_not_accepted_and_keeps_serving() {
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(GATEWAYS);
+    // No kind of parameters is supported: any parametersRef (here a hostile name, which is
+    // never read) gives Accepted=False InvalidParameters, as the conformance test
+    // GatewayInvalidParametersRef expects; infrastructure labels alone are ignored.
+    for (name, infra) in [
+        (
+            "params",
+            r#"{parametersRef: {group: "", kind: ConfigMap, name: "missing\n  bind :22"}, labels: {team: a}}"#,
+        ),
+        ("labels", "{labels: {team: a}}"),
+    ] {
+        m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: default, generation: 2}}\nspec:\n  gatewayClassName: haproxy\n  infrastructure: {infra}\n  listeners: [{{name: http, protocol: HTTP, port: 80, hostname: {name}.test}}]\n"));
+        m.push_str(&route(
+            "default",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: {name}}}]\n  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-params", &m, &[]);
+    let gw = |name: &str| {
+        let st = status_of(&s.render_output, "Gateway", &format!("default/{name}"))
+            .unwrap_or_else(|| panic!("no status for {name}:\n{}", s.render_output));
+        let c = &st["conditions"];
+        let listener = &st["listeners"][0]["conditions"];
+        (
+            condition(c, "Accepted"),
+            condition(c, "Programmed"),
+            condition(listener, "Programmed"),
+        )
+    };
+    assert_eq!(
+        gw("params"),
+        (
+            pair("False", "InvalidParameters"),
+            pair("False", "Invalid"),
+            pair("True", "Programmed")
+        )
+    );
+    assert_eq!(
+        gw("labels"),
+        (
+            pair("True", "Accepted"),
+            pair("True", "Programmed"),
+            pair("True", "Programmed")
+        )
+    );
+    // As with spec.addresses, the listeners stay programmed: both Gateways' routes answer.
+    assert_eq!(s.proxy.http("params.test", "/").backend(), Some("web"));
+    assert_eq!(s.proxy.http("labels.test", "/").backend(), Some("web"));
+    let cfg = std::fs::read_to_string(s.out.path().join("haproxy.cfg")).expect("haproxy.cfg");
+    assert!(!cfg.contains("bind :22"), "{cfg}");
+}
+
+#[test]
 fn gateway_route_timeouts_answer_504_from_slow_backends() {
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
