@@ -22,12 +22,14 @@ ARG RUST_IMAGE=docker.io/library/rust:1.95-bookworm
 ARG ALPINE_IMAGE=docker.io/library/alpine:3.22
 ARG DIST=dist-source
 
-# --- static HAProxy, built against musl, OpenSSL, PCRE2 and zlib from Alpine's static libraries
+# --- static HAProxy, built against musl, OpenSSL, PCRE2, zlib and Lua 5.4 from Alpine's static
+# libraries (Lua: the Gateway library's RequestMirror loads a Lua action; the controller's
+# haproxy -c must accept lua-load)
 FROM ${ALPINE_IMAGE} AS haproxy-build
 ARG HAPROXY_VERSION=3.2.4
 ARG HAPROXY_SHA256=
 RUN apk add --no-cache build-base linux-headers file curl \
-        openssl-dev openssl-libs-static pcre2-dev zlib-dev zlib-static
+        openssl-dev openssl-libs-static pcre2-dev zlib-dev zlib-static lua5.4-dev
 WORKDIR /src
 RUN curl -fsSLo haproxy.tar.gz "https://www.haproxy.org/download/${HAPROXY_VERSION%.*}/src/haproxy-${HAPROXY_VERSION}.tar.gz" \
     && if [ -n "$HAPROXY_SHA256" ]; then echo "$HAPROXY_SHA256  haproxy.tar.gz" | sha256sum -c -; fi \
@@ -35,8 +37,9 @@ RUN curl -fsSLo haproxy.tar.gz "https://www.haproxy.org/download/${HAPROXY_VERSI
     && rm haproxy.tar.gz
 RUN make -j"$(nproc)" TARGET=linux-musl \
         USE_OPENSSL=1 USE_PCRE2=1 USE_PCRE2_JIT=1 USE_ZLIB=1 USE_PROMEX=1 USE_DL= \
+        USE_LUA=1 LUA_INC=/usr/include/lua5.4 LUA_LIB=/usr/lib/lua5.4 \
         LDFLAGS="-static -s" \
-    && ./haproxy -vv \
+    && ./haproxy -vv && ./haproxy -vv | grep -q "Built with Lua version" \
     && file haproxy | grep -q "statically linked" \
     && mkdir -p /out/skel/tmp && chmod 1777 /out/skel/tmp \
     && install -m 0755 haproxy /out/haproxy

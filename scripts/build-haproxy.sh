@@ -6,9 +6,11 @@
 #
 # The source is the newest `haproxy` source package the machine's apt sources offer (their deb
 # lines, read as deb-src lines, with a private apt state: the system's apt configuration is not
-# touched). Debian's patches are applied. The binary is linked statically against glibc, OpenSSL
-# and PCRE2 (Debian's static libraries), with the Prometheus exporter and without Lua, dlopen or
-# systemd. Builds are cached under $CARGO_TARGET_DIR/haproxy-static/ by source version.
+# touched). Debian's patches are applied. The binary is linked statically against glibc, OpenSSL,
+# PCRE2 and Lua 5.4 (Debian's static libraries), with the Prometheus exporter and Lua (the Gateway
+# library's RequestMirror filter loads a Lua action; the controller's `haproxy -c` must know
+# `lua-load`), without dlopen or systemd. Builds are cached under
+# $CARGO_TARGET_DIR/haproxy-static/ by source version (`-lua`: builds from before Lua are not reused).
 #
 # Static glibc and names: the binary resolves host names in a configuration with glibc's built-in
 # files and dns lookups (/etc/hosts, /etc/resolv.conf, which Kubernetes mounts into pods; checked:
@@ -24,13 +26,16 @@ mkdir -p "$cache"
 
 ensure_packages dpkg-source:dpkg-dev make:make cc:gcc
 # Static libraries (no command to look for).
-for lib in libssl.a:libssl-dev libpcre2-8.a:libpcre2-dev libc.a:libc6-dev; do
+for lib in libssl.a:libssl-dev libpcre2-8.a:libpcre2-dev libc.a:libc6-dev liblua5.4.a:liblua5.4-dev; do
   if ! ls /usr/lib/*/"${lib%%:*}" >/dev/null 2>&1; then
     echo "==> installing ${lib#*:}" >&2
     as_root apt-get update -qq
     as_root apt-get install -y -qq "${lib#*:}" >/dev/null
   fi
 done
+
+# Debian's static Lua (its headers in /usr/include/lua5.4).
+lua_lib=$(dirname "$(ls /usr/lib/*/liblua5.4.a | head -n1)")
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/haptic-haproxy.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -72,23 +77,24 @@ for v in $versions; do
 done
 [ -n "$version" ] || { cat "$work/source.log" >&2; echo "build-haproxy: no haproxy source could be downloaded" >&2; exit 1; }
 
-if [ ! -x "$cache/haproxy-$version" ]; then
+if [ ! -x "$cache/haproxy-$version-lua" ]; then
   src=$(find "$work" -maxdepth 1 -type d -name 'haproxy-*' | head -n1)
   echo "==> building static haproxy $version (Debian source package)"
   upstream=${version%%-*}
   jobs=$(nproc 2>/dev/null || echo 2)
   make -C "$src" -j"$jobs" TARGET=linux-glibc \
     USE_OPENSSL=1 USE_PCRE2=1 USE_PCRE2_JIT=1 USE_PROMEX=1 USE_SLZ=1 \
-    USE_LUA= USE_DL= USE_SYSTEMD= USE_LIBCRYPT= USE_GETADDRINFO= \
+    USE_LUA=1 LUA_INC=/usr/include/lua5.4 LUA_LIB="$lua_lib" LUA_LIB_NAME=lua5.4 \
+    USE_DL= USE_SYSTEMD= USE_LIBCRYPT= USE_GETADDRINFO= \
     VERSION="$upstream" SUBVERS="-${version#*-}" \
     LDFLAGS="-static -s" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log" >&2; exit 1; }
   file -b "$src/haproxy" | grep -q "statically linked" || { echo "build-haproxy: not static" >&2; exit 1; }
-  "$src/haproxy" -vv >/dev/null
+  "$src/haproxy" -vv | grep -q "Built with Lua version" || { echo "build-haproxy: no Lua" >&2; exit 1; }
   # Atomic: a concurrent build of the same version writes the same file.
-  cp "$src/haproxy" "$cache/.haproxy-$version.$$"
-  mv -f "$cache/.haproxy-$version.$$" "$cache/haproxy-$version"
+  cp "$src/haproxy" "$cache/.haproxy-$version-lua.$$"
+  mv -f "$cache/.haproxy-$version-lua.$$" "$cache/haproxy-$version-lua"
 fi
 
 mkdir -p "$(dirname "$out")"
-cp "$cache/haproxy-$version" "$out"
+cp "$cache/haproxy-$version-lua" "$out"
 printf '%s\thaproxy %s, %s bytes\n' "$out" "$version" "$(stat -c %s "$out")"

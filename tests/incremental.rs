@@ -6,8 +6,9 @@
 //! replay hard: shared state read across units (host ownership, the oldest default backend),
 //! ordering (creation timestamps), `first_seen` (backends shared by two paths), statuses,
 //! Secrets read by certificate units, endpoints and `current_config` slots, objects that
-//! are refused and later fixed, and HTTPRoutes/TLSRoutes contesting Ingress hosts (host
-//! ownership across kinds, decided by age).
+//! are refused and later fixed, HTTPRoutes/TLSRoutes contesting Ingress hosts (host
+//! ownership across kinds, decided by age), and HTTPRoute mirrors and session persistence
+//! (the mirror frontend and `lua-load` follow state the route units share).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -142,6 +143,19 @@ fn route(rng: &mut Rng, ns: &str, name: &str, generation: u64) -> (&'static str,
     } else {
         ("httproutes", "HTTPRoute")
     };
+    let mut rule = json!({"backendRefs": [{"name": format!("svc{}", rng.below(3)), "port": 80}]});
+    // HTTPRoute features with state shared across units: a RequestMirror (the mirror frontend
+    // and lua-load follow "gateway_mirrors") and session persistence (backends of its own).
+    // From a generator of their own, so the sequences of the other changes stay as they were.
+    let mut extra = Rng(generation.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    if !tls && extra.below(3) == 0 {
+        rule["filters"] = json!([{"type": "RequestMirror",
+            "requestMirror": {"backendRef": {"name": format!("svc{}", extra.below(3)), "port": 80}}}]);
+    }
+    if !tls && extra.below(3) == 0 {
+        let kind = *extra.pick(&["Cookie", "Header"]);
+        rule["sessionPersistence"] = json!({"type": kind, "sessionName": "sid"});
+    }
     let object = json!({
         "apiVersion": "gateway.networking.k8s.io/v1", "kind": kind,
         "metadata": {"name": name, "namespace": ns, "resourceVersion": generation.to_string(),
@@ -149,7 +163,7 @@ fn route(rng: &mut Rng, ns: &str, name: &str, generation: u64) -> (&'static str,
             "creationTimestamp": format!("2024-01-01T00:00:{:02}Z", rng.below(30))},
         "spec": {"parentRefs": [{"name": "gw", "namespace": "default", "sectionName": section}],
             "hostnames": hostnames,
-            "rules": [{"backendRefs": [{"name": format!("svc{}", rng.below(3)), "port": 80}]}]},
+            "rules": [rule]},
     });
     (store, object)
 }
@@ -351,6 +365,9 @@ struct Exercised {
     /// Renders where an Ingress and a route of different namespaces contested a name.
     cross_kind: usize,
     spliced: usize,
+    /// Renders with a RequestMirror (the mirror frontend) and with session persistence.
+    mirrored: usize,
+    sticky: usize,
 }
 
 fn run_sequence(seed: u64, steps: usize) -> Exercised {
@@ -438,6 +455,12 @@ fn run_sequence(seed: u64, steps: usize) -> Exercised {
                 if b.dropped.iter().any(|d| contested(d.to_string())) {
                     seen.cross_kind += 1;
                 }
+                if b.haproxy_cfg.contains("frontend gateway_mirror") {
+                    seen.mirrored += 1;
+                }
+                if b.haproxy_cfg.contains("backend gwsp_") {
+                    seen.sticky += 1;
+                }
                 let (a, b) = (describe(a), describe(b));
                 assert!(
                     a == b,
@@ -478,6 +501,12 @@ fn incremental_renders_equal_full_renders_over_random_changes() {
         assert!(
             seen.cross_kind > 0,
             "seed {seed}: no render had an Ingress and a route contesting a name"
+        );
+        assert!(
+            seen.mirrored > 0 && seen.sticky > 0,
+            "seed {seed}: renders with a mirror: {}, with session persistence: {}",
+            seen.mirrored,
+            seen.sticky
         );
         assert!(
             seen.ok_renders * 10 >= steps * 9,

@@ -523,10 +523,15 @@ fn duration(value: Value, field: Option<&str>, max: Option<&str>) -> Result<Valu
     })
 }
 
-/// `gateway_duration(value, field?)`: a Gateway API duration (GEP-2257: one to four parts of
-/// 1 to 5 digits and a unit `h`, `m`, `s` or `ms`, such as `1m30s`) in milliseconds, at most
-/// 24 hours. `0s` is 0.
-fn gateway_duration(value: Value, field: Option<&str>) -> Result<Value, Error> {
+/// `gateway_duration(value, field?, max_hours?)`: a Gateway API duration (GEP-2257: one to four
+/// parts of 1 to 5 digits and a unit `h`, `m`, `s` or `ms`, such as `1m30s`) in milliseconds, at
+/// most `max_hours` (default 24; at most 8760, a year). `0s` is 0.
+fn gateway_duration(
+    value: Value,
+    field: Option<&str>,
+    max_hours: Option<u64>,
+) -> Result<Value, Error> {
+    let max_hours = max_hours.unwrap_or(24).min(8760);
     typed(field, || {
         let s = text(&value)?;
         let expected = "a duration such as 500ms, 10s or 1m30s (GEP-2257)";
@@ -560,8 +565,11 @@ fn gateway_duration(value: Value, field: Option<&str>) -> Result<Value, Error> {
         if parts == 0 || parts > 4 {
             return Err(bad());
         }
-        if ms > 86_400_000 {
-            return Err(format!("{} is longer than the maximum of 24h", q(&s)));
+        if ms > max_hours * 3_600_000 {
+            return Err(format!(
+                "{} is longer than the maximum of {max_hours}h",
+                q(&s)
+            ));
         }
         Ok(ms.to_string())
     })
@@ -1015,8 +1023,19 @@ mod tests {
             "25h",
             "1S",
         ];
-        table(|v| gateway_duration(v, F), &good, &[HOSTILE, &bad].concat());
-        assert!(no(gateway_duration(Value::from("25h"), F))
+        table(
+            |v| gateway_duration(v, F, None),
+            &good,
+            &[HOSTILE, &bad].concat(),
+        );
+        assert_eq!(
+            gateway_duration(Value::from("168h"), F, Some(8760))
+                .unwrap()
+                .to_string(),
+            "604800000"
+        );
+        assert!(gateway_duration(Value::from("8761h"), F, Some(8760)).is_err());
+        assert!(no(gateway_duration(Value::from("25h"), F, None))
             .ends_with("is longer than the maximum of 24h"));
     }
 

@@ -87,10 +87,12 @@ fn text(v: Option<NodeRef<'_>>) -> &str {
 }
 
 /// `server_lines(be_name, svc_ns, svc_name, svc_port, slots=N, default_slots=N, refuse=[CIDR, …],
-/// cookies=bool)`: `slots` is a per-backend pool size from tenant data (1–1024, refused
-/// otherwise); without it `default_slots` (the admin's `server_slots`) applies. `cookies` gives
-/// every slot the static persistence cookie `cookie SRV_<n>` (its own name: it stays with the
-/// slot when the runtime API moves the slot to another address).
+/// cookies=bool, cookie_prefix=str)`: `slots` is a per-backend pool size from tenant data
+/// (1–1024, refused otherwise); without it `default_slots` (the admin's `server_slots`) applies.
+/// `cookies` gives every slot the static persistence cookie `cookie <cookie_prefix>SRV_<n>` (its
+/// own name: it stays with the slot when the runtime API moves the slot to another address, and
+/// never tells a client a pod's address). The prefix (letters, digits and `-`, at most 16) tells
+/// the backends of one Gateway rule apart, so that a cookie also picks the backend.
 pub(crate) fn server_lines(
     be_name: &str,
     svc_ns: &str,
@@ -103,6 +105,20 @@ pub(crate) fn server_lines(
     let refuse_ranges: Option<Value> = options.get("refuse")?;
     let cookies: Option<Value> = options.get("cookies")?;
     let cookies = cookies.is_some_and(|v| v.is_true());
+    let cookie_prefix: Option<Value> = options.get("cookie_prefix")?;
+    let cookie_prefix = cookie_prefix
+        .filter(|v| !v.is_undefined() && !v.is_none())
+        .map(|v| v.to_string())
+        .unwrap_or_default();
+    if cookie_prefix.len() > 16
+        || !cookie_prefix
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(invalid(format!(
+            "server_lines: cookie_prefix {cookie_prefix:?} is not letters, digits and '-' (at most 16)"
+        )));
+    }
     options.assert_all_used()?;
     let slots_min = pool_size(slots, default_slots)?;
     for (what, v) in [
@@ -175,7 +191,7 @@ pub(crate) fn server_lines(
         ));
     }
     endpoints.write_notes(&mut out);
-    write_servers(&mut out, &slots, cookies);
+    write_servers(&mut out, &slots, cookies.then_some(cookie_prefix.as_str()));
     Ok(Value::from_safe_string(out))
 }
 
@@ -362,7 +378,8 @@ fn assign_slots(endpoints: &[String], running: &[Server], slots_min: usize) -> V
 }
 
 /// One `server` line per slot: the endpoint, or a disabled placeholder.
-fn write_servers(out: &mut String, slots: &[Option<String>], cookies: bool) {
+/// `cookies`: the prefix of each slot's static cookie, or no cookies.
+fn write_servers(out: &mut String, slots: &[Option<String>], cookies: Option<&str>) {
     for (i, slot) in slots.iter().enumerate().skip(1) {
         match slot {
             None => out.push_str(&format!("\n  server SRV_{i} 127.0.0.1:1 disabled")),
@@ -375,8 +392,8 @@ fn write_servers(out: &mut String, slots: &[Option<String>], cookies: bool) {
                 }
             }
         }
-        if cookies {
-            out.push_str(&format!(" cookie SRV_{i}"));
+        if let Some(prefix) = cookies {
+            out.push_str(&format!(" cookie {prefix}SRV_{i}"));
         }
     }
 }
@@ -389,13 +406,16 @@ mod tests {
     fn static_cookies_name_every_slot() {
         let slots = [None, Some("10.0.0.1|8080".to_string()), None];
         let mut out = String::new();
-        write_servers(&mut out, &slots, true);
+        write_servers(&mut out, &slots, Some(""));
         assert_eq!(
             out,
             "\n  server SRV_1 10.0.0.1:8080 enabled cookie SRV_1\n  server SRV_2 127.0.0.1:1 disabled cookie SRV_2"
         );
         let mut out = String::new();
-        write_servers(&mut out, &slots, false);
+        write_servers(&mut out, &slots, Some("b1-"));
+        assert!(out.contains(" cookie b1-SRV_1\n"), "{out}");
+        let mut out = String::new();
+        write_servers(&mut out, &slots, None);
         assert!(!out.contains("cookie"), "{out}");
     }
 

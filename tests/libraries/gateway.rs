@@ -4,7 +4,10 @@
 
 use serde_json::Value;
 
-use super::harness::{self, service_yaml, service_yaml_port, Echo, Scenario, Tied};
+use super::harness::{
+    self, service_yaml, service_yaml_port, service_yaml_ports, Echo, Scenario, Tied,
+};
+use crate::support::wait_for;
 
 const GATEWAYS: &str = r#"---
 apiVersion: gateway.networking.k8s.io/v1
@@ -1298,7 +1301,7 @@ fn tls_routes_pass_raw_tls_through_by_sni() {
 }
 
 #[test]
-fn gateway_route_ignored_retry_and_session_persistence_are_reported() {
+fn gateway_route_ignored_retry_and_header_session_timeouts_are_reported() {
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
     m.push_str(GATEWAYS);
@@ -1313,7 +1316,7 @@ fn gateway_route_ignored_retry_and_session_persistence_are_reported() {
       retry: {codes: [503], attempts: 2}
       backendRefs: [{name: web, port: 80}]
     - matches: [{path: {type: PathPrefix, value: /sticky}}]
-      sessionPersistence: {type: Cookie, sessionName: sticky}
+      sessionPersistence: {type: Header, sessionName: X-Session, absoluteTimeout: 1h}
       backendRefs: [{name: web, port: 80}]
 "#,
     ));
@@ -1341,7 +1344,7 @@ fn gateway_route_ignored_retry_and_session_persistence_are_reported() {
     let message = conditions[0]["message"].as_str().unwrap_or_default();
     assert!(
         message.contains("rule 0: retry is not supported and is ignored")
-            && message.contains("rule 1: sessionPersistence is not supported and is ignored"),
+            && message.contains("rule 1: sessionPersistence absoluteTimeout, idleTimeout and cookieConfig are not supported for type Header and are ignored"),
         "{message}"
     );
     // A route without them keeps the plain reason.
@@ -2149,5 +2152,302 @@ fn tls_terminate_listeners_send_decrypted_bytes_to_tls_routes_and_share_ports_wi
     assert_eq!(
         condition(&st["parents"][0]["conditions"], "Accepted"),
         pair("True", "Accepted")
+    );
+}
+
+/// The value of the cookie `name` a response sets, if any.
+fn set_cookie(r: &harness::Response, name: &str) -> Option<String> {
+    r.headers
+        .iter()
+        .filter(|(k, _)| k.eq_ignore_ascii_case("set-cookie"))
+        .find_map(|(_, v)| {
+            let first = v.split(';').next()?;
+            let (k, v) = first.split_once('=')?;
+            (k.trim() == name).then(|| v.trim().to_string())
+        })
+}
+
+#[test]
+fn gateway_session_persistence_keeps_a_client_on_its_endpoint() {
+    let pods: Vec<Echo> = ["a1", "a2", "a3"].iter().map(|n| Echo::start(n)).collect();
+    let other = Echo::start("b1");
+    let ports: Vec<u16> = pods.iter().map(|e| e.port).collect();
+    let mut m = service_yaml_ports("default", "app", &ports);
+    m.push_str(&service_yaml("default", "other", &other));
+    m.push_str(GATEWAYS);
+    m.push_str(&route(
+        "default",
+        "sticky",
+        "2024-01-01T00:00:00Z",
+        r#"  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [sticky.test]
+  rules:
+    - matches: [{path: {type: PathPrefix, value: /s}}]
+      sessionPersistence: {sessionName: SID}
+      backendRefs: [{name: app, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /permanent}}]
+      sessionPersistence: {sessionName: PID, absoluteTimeout: 1h, idleTimeout: 30m, cookieConfig: {lifetimeType: Permanent}}
+      backendRefs: [{name: app, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /w}}]
+      sessionPersistence: {sessionName: WID}
+      backendRefs: [{name: app, port: 80, weight: 1}, {name: other, port: 80, weight: 1}]
+    - matches: [{path: {type: PathPrefix, value: /plain}}]
+      backendRefs: [{name: app, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /h}}]
+      sessionPersistence: {type: Header, sessionName: X-Session}
+      backendRefs: [{name: app, port: 80}]
+"#,
+    ));
+    let s = Scenario::start("gateway-session-persistence", &m, &[]);
+    let p = &s.proxy;
+
+    // Without the cookie, requests are balanced over the three endpoints, and each answer
+    // sets a cookie naming a server slot, never an address.
+    let mut seen = std::collections::BTreeMap::new();
+    for _ in 0..12 {
+        let r = p.http("sticky.test", "/s");
+        assert_eq!(r.status, 200, "{r:?}");
+        let cookie = set_cookie(&r, "SID").unwrap_or_else(|| panic!("no SID cookie: {r:?}"));
+        assert!(
+            cookie.starts_with("b0-SRV_") && !cookie.contains("127.0.0.1"),
+            "{cookie}"
+        );
+        seen.insert(r.backend().unwrap_or_default().to_string(), cookie);
+    }
+    assert_eq!(seen.len(), 3, "balanced over every endpoint: {seen:?}");
+    // With it, every request goes to the endpoint the cookie names.
+    for (backend, cookie) in &seen {
+        let header = format!("Cookie: SID={cookie}");
+        for _ in 0..10 {
+            let r = p.http_with("sticky.test", "/s/more", &["-H", &header]);
+            assert_eq!(
+                (r.status, r.backend()),
+                (200, Some(backend.as_str())),
+                "{r:?}"
+            );
+        }
+    }
+    // A cookie naming no server is balanced again and replaced.
+    let r = p.http_with("sticky.test", "/s", &["-H", "Cookie: SID=b0-SRV_99"]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        set_cookie(&r, "SID").is_some_and(|c| c != "b0-SRV_99"),
+        "{r:?}"
+    );
+    // A rule without sessionPersistence sets no cookie.
+    let r = p.http("sticky.test", "/plain");
+    assert_eq!((r.status, r.header("set-cookie")), (200, None), "{r:?}");
+
+    // Permanent: the cookie carries Max-Age (absoluteTimeout).
+    let r = p.http("sticky.test", "/permanent");
+    let raw = r.header("set-cookie").unwrap_or_default().to_string();
+    assert!(
+        raw.starts_with("PID=b0-SRV_") && raw.contains("Max-Age=3600"),
+        "{raw}"
+    );
+    // A session cookie (the default) has none.
+    let r = p.http("sticky.test", "/s");
+    assert!(
+        !r.header("set-cookie")
+            .unwrap_or_default()
+            .contains("Max-Age"),
+        "{r:?}"
+    );
+
+    // Weighted backendRefs (two Services): the cookie also picks the Service.
+    let mut by_service = std::collections::BTreeMap::new();
+    for _ in 0..40 {
+        let r = p.http("sticky.test", "/w");
+        assert_eq!(r.status, 200, "{r:?}");
+        let cookie = set_cookie(&r, "WID").unwrap_or_else(|| panic!("no WID cookie: {r:?}"));
+        let service = if r.backend() == Some("b1") {
+            "other"
+        } else {
+            "app"
+        };
+        by_service.insert(
+            service,
+            (cookie, r.backend().unwrap_or_default().to_string()),
+        );
+    }
+    assert_eq!(by_service.len(), 2, "both Services chosen: {by_service:?}");
+    for (cookie, backend) in by_service.values() {
+        let header = format!("Cookie: WID={cookie}");
+        for _ in 0..10 {
+            let r = p.http_with("sticky.test", "/w", &["-H", &header]);
+            assert_eq!(
+                (r.status, r.backend()),
+                (200, Some(backend.as_str())),
+                "{r:?}"
+            );
+        }
+    }
+    // Type Header: the answer names the endpoint's slot in the header; a request carrying it
+    // stays there; without it requests are balanced.
+    let mut by_header = std::collections::BTreeMap::new();
+    for _ in 0..12 {
+        let r = p.http("sticky.test", "/h");
+        assert_eq!(r.status, 200, "{r:?}");
+        let value = r.header("x-session").unwrap_or_default().to_string();
+        assert!(value.starts_with("b0-SRV_"), "{r:?}");
+        by_header.insert(r.backend().unwrap_or_default().to_string(), value);
+    }
+    assert_eq!(
+        by_header.len(),
+        3,
+        "balanced over every endpoint: {by_header:?}"
+    );
+    for (backend, value) in &by_header {
+        let header = format!("X-Session: {value}");
+        for _ in 0..10 {
+            let r = p.http_with("sticky.test", "/h", &["-H", &header]);
+            assert_eq!(
+                (r.status, r.backend()),
+                (200, Some(backend.as_str())),
+                "{r:?}"
+            );
+        }
+    }
+    // The route is accepted without notes.
+    let st = status_of(&s.render_output, "HTTPRoute", "default/sticky").expect("status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "Accepted"),
+        pair("True", "Accepted")
+    );
+}
+
+#[test]
+fn gateway_request_mirror_copies_requests_without_changing_answers() {
+    let web = Echo::start("web");
+    let shadow = Echo::start("shadow");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(&service_yaml("default", "shadow", &shadow));
+    // A mirror whose only endpoint refuses connections (nothing listens on port 1).
+    m.push_str(&service_yaml_port("default", "down", 1));
+    m.push_str(GATEWAYS);
+    m.push_str(&route(
+        "default",
+        "mirror",
+        "2024-01-01T00:00:00Z",
+        r#"  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [mirror.test]
+  rules:
+    - matches: [{path: {type: PathPrefix, value: /m}}]
+      filters: [{type: RequestMirror, requestMirror: {backendRef: {name: shadow, port: 80}}}]
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /zero}}]
+      filters: [{type: RequestMirror, requestMirror: {backendRef: {name: shadow, port: 80}, percent: 0}}]
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /half}}]
+      filters: [{type: RequestMirror, requestMirror: {backendRef: {name: shadow, port: 80}, fraction: {numerator: 1, denominator: 2}}}]
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /down}}]
+      filters: [{type: RequestMirror, requestMirror: {backendRef: {name: down, port: 80}}}]
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /missing}}]
+      filters: [{type: RequestMirror, requestMirror: {backendRef: {name: nope, port: 80}}}]
+      backendRefs: [{name: web, port: 80}]
+"#,
+    ));
+    let s = Scenario::start("gateway-request-mirror", &m, &[]);
+    let p = &s.proxy;
+    let shadow_got = |path: &str| -> Vec<String> {
+        let line = format!("path={path}\n");
+        shadow
+            .received()
+            .into_iter()
+            .filter(|r| r.contains(&line))
+            .collect()
+    };
+    let wait_mirrored = |path: &str| {
+        wait_for(
+            &format!("a mirrored copy of {path}"),
+            std::time::Duration::from_secs(10),
+            || !shadow_got(path).is_empty(),
+        )
+    };
+
+    // The client's answer comes from the route's backend, unchanged; a copy (method, path and
+    // query, headers) reaches the mirror. A client's own X-Haptic-Mirror header cannot send
+    // the copy elsewhere.
+    let r = p.http_with(
+        "mirror.test",
+        "/m?x=1",
+        &[
+            "-H",
+            "X-Mirror-Test: yes",
+            "-H",
+            "X-Haptic-Mirror: gw_default_web_80",
+        ],
+    );
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    assert_eq!(r.echoed("path"), Some("/m?x=1"), "{r:?}");
+    assert_eq!(r.echoed("header:x-mirror-test"), Some("yes"), "{r:?}");
+    wait_mirrored("/m?x=1");
+    let copy = &shadow_got("/m?x=1")[0];
+    assert!(
+        copy.contains("method=GET\n")
+            && copy.contains("header:x-mirror-test=yes\n")
+            && copy.contains("host=mirror.test\n")
+            && !copy.contains("x-haptic-mirror"),
+        "{copy}"
+    );
+    // A request body is copied too.
+    let r = p.http_with("mirror.test", "/m/post", &["-d", "hello-mirror"]);
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    wait_mirrored("/m/post");
+    let copy = &shadow_got("/m/post")[0];
+    assert!(
+        copy.contains("method=POST\n") && copy.contains("body=hello-mirror\n"),
+        "{copy}"
+    );
+    // The web backend saw each request once: the client's X-Haptic-Mirror header (passed to
+    // web as any header) did not send the copy there.
+    let web_got = web.received();
+    assert_eq!(web_got.len(), 2, "{web_got:?}");
+    // A body over 8 KiB reaches the backend whole; a copy, if one is made (only when the whole
+    // body had already arrived), is never truncated.
+    let big = "b".repeat(10_000);
+    let r = p.http_with("mirror.test", "/m/big", &["--data-binary", &big]);
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    assert!(web
+        .received()
+        .iter()
+        .any(|w| w.contains(&format!("body={big}\n"))));
+
+    // 0 percent mirrors nothing; a mirror that is down or missing changes nothing for the
+    // client. (A later copy of /m arriving shows that earlier ones had their chance.)
+    for path in ["/zero", "/down", "/missing"] {
+        for _ in 0..5 {
+            let r = p.http("mirror.test", path);
+            assert_eq!((r.status, r.backend()), (200, Some("web")), "{path}: {r:?}");
+            assert_eq!(r.echoed("path"), Some(path), "{r:?}");
+        }
+    }
+    // fraction 1/2: some of 40 requests are mirrored, not all.
+    for _ in 0..40 {
+        let r = p.http("mirror.test", "/half");
+        assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    }
+    p.http("mirror.test", "/m/last");
+    wait_mirrored("/m/last");
+    assert!(shadow_got("/zero").is_empty());
+    for copy in shadow_got("/m/big") {
+        assert!(
+            copy.contains(&format!("body={big}\n")),
+            "truncated copy: {copy}"
+        );
+    }
+    wait_mirrored("/half");
+    let half = shadow_got("/half").len();
+    assert!(half < 40, "mirrored {half} of 40");
+
+    // The unresolvable mirror backendRef is reported; the route is accepted.
+    let st = status_of(&s.render_output, "HTTPRoute", "default/mirror").expect("status");
+    let conditions = &st["parents"][0]["conditions"];
+    assert_eq!(condition(conditions, "Accepted"), pair("True", "Accepted"));
+    assert_eq!(
+        condition(conditions, "ResolvedRefs"),
+        pair("False", "BackendNotFound")
     );
 }

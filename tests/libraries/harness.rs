@@ -7,7 +7,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use crate::support::libraries::LIBRARIES;
@@ -21,11 +21,13 @@ pub use crate::support::TempDir;
 pub use crate::support::{unique_loopback, Tied};
 
 /// An HTTP server answering every request with what it received: its own name, the method,
-/// the request target, and every header (`header:<lower-case name>=<value>`).
+/// the request target, and every header (`header:<lower-case name>=<value>`). It also keeps
+/// what it received ([`Echo::received`]).
 pub struct Echo {
     pub name: String,
     pub port: u16,
     stop: Arc<AtomicBool>,
+    received: Arc<Mutex<Vec<String>>>,
 }
 
 impl Echo {
@@ -33,15 +35,17 @@ impl Echo {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind echo backend");
         let port = listener.local_addr().expect("echo address").port();
         let stop = Arc::new(AtomicBool::new(false));
+        let received = Arc::new(Mutex::new(Vec::new()));
         let (thread_stop, thread_name) = (stop.clone(), name.to_string());
+        let thread_received = received.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 if thread_stop.load(Ordering::Relaxed) {
                     break;
                 }
                 if let Ok(conn) = conn {
-                    let name = thread_name.clone();
-                    std::thread::spawn(move || echo_connection(conn, &name));
+                    let (name, received) = (thread_name.clone(), thread_received.clone());
+                    std::thread::spawn(move || echo_connection(conn, &name, &received));
                 }
             }
         });
@@ -49,7 +53,14 @@ impl Echo {
             name: name.to_string(),
             port,
             stop,
+            received,
         }
+    }
+
+    /// Every request received so far, in arrival order: the text it answered with (backend,
+    /// method, path, headers), then `body=<the request body>`.
+    pub fn received(&self) -> Vec<String> {
+        self.received.lock().map(|r| r.clone()).unwrap_or_default()
     }
 }
 
@@ -61,7 +72,7 @@ impl Drop for Echo {
     }
 }
 
-fn echo_connection(conn: TcpStream, name: &str) {
+fn echo_connection(conn: TcpStream, name: &str, received: &Mutex<Vec<String>>) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
     let mut reader = BufReader::new(match conn.try_clone() {
         Ok(c) => c,
@@ -102,8 +113,14 @@ fn echo_connection(conn: TcpStream, name: &str) {
                 body.push_str(&format!("header:{k}={v}\n"));
             }
         }
-        let mut discard = vec![0u8; content_length.min(1 << 20)];
-        let _ = reader.read_exact(&mut discard);
+        let mut request_body = vec![0u8; content_length.min(1 << 20)];
+        let _ = reader.read_exact(&mut request_body);
+        if let Ok(mut r) = received.lock() {
+            r.push(format!(
+                "{body}body={}\n",
+                String::from_utf8_lossy(&request_body)
+            ));
+        }
         std::thread::sleep(Duration::from_millis(delay_ms));
         let response = format!(
             "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Echo-Backend: {name}\r\nContent-Length: {}\r\n\r\n{body}",
@@ -122,18 +139,33 @@ pub fn service_yaml(ns: &str, name: &str, echo: &Echo) -> String {
 
 /// [`service_yaml`] for a backend listening on 127.0.0.1:`port`.
 pub fn service_yaml_port(ns: &str, name: &str, port: u16) -> String {
-    format!(
+    service_yaml_ports(ns, name, &[port])
+}
+
+/// A Service with one endpoint per port of `ports` (all on 127.0.0.1; one EndpointSlice each,
+/// as their ports differ): several pods of one Service.
+pub fn service_yaml_ports(ns: &str, name: &str, ports: &[u16]) -> String {
+    let mut out = format!(
         r#"---
 apiVersion: v1
 kind: Service
 metadata: {{name: {name}, namespace: {ns}}}
 spec:
   ports: [{{name: http, port: 80, targetPort: 8080}}]
----
+"#
+    );
+    for (i, port) in ports.iter().enumerate() {
+        let slice = if i == 0 {
+            format!("{name}-slice")
+        } else {
+            format!("{name}-slice-{i}")
+        };
+        out.push_str(&format!(
+            r#"---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: {name}-slice
+  name: {slice}
   namespace: {ns}
   labels: {{kubernetes.io/service-name: {name}}}
 ports: [{{name: http, port: {port}}}]
@@ -141,7 +173,9 @@ endpoints:
   - addresses: ["127.0.0.1"]
     conditions: {{ready: true}}
 "#
-    )
+        ));
+    }
+    out
 }
 
 /// Where a rendered HAProxy listens: fixed ports on an address of the test's own.
