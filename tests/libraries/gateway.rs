@@ -688,16 +688,30 @@ spec:
         *seen.entry(words[0]).or_insert(0) += 1;
     }
     assert_eq!(seen.values().sum::<usize>(), 40, "{out}");
-    assert_eq!(seen.len(), 2, "both backends answered in 40 calls: {seen:?}");
+    assert_eq!(
+        seen.len(),
+        2,
+        "both backends answered in 40 calls: {seen:?}"
+    );
     // A filter kind the library cannot apply (ExtensionRef) makes its rule answer 500 (not
     // OK for the client), named in the route's Accepted condition; the other rule is served.
     let out = std::process::Command::new(&python)
         .arg(harness::root().join("tests/libraries/grpc_echo.py"))
-        .args(["calls", &target, "grpc-be.test", "/demo.Ext/SayMeta", "hi", "1"])
+        .args([
+            "calls",
+            &target,
+            "grpc-be.test",
+            "/demo.Ext/SayMeta",
+            "hi",
+            "1",
+        ])
         .output()
         .expect("gRPC client");
     let out = String::from_utf8_lossy(&out.stdout);
-    assert!(out.starts_with("status ") && !out.contains("one /"), "{out}");
+    assert!(
+        out.starts_with("status ") && !out.contains("one /"),
+        "{out}"
+    );
     let st = status_of(&s.render_output, "GRPCRoute", "default/befilters").expect("status");
     let conditions = &st["parents"][0]["conditions"];
     assert_eq!(condition(conditions, "Accepted"), pair("True", "Accepted"));
