@@ -6,7 +6,7 @@
                                       and answers three messages "NAME /svc/method payload N"
     grpc_echo.py tls-server NAME CERT KEY
                                       the same over TLS with that certificate and key (PEM files)
-                                      a method whose name ends in "Meta" answers
+                                      (both servers) a method whose name ends in "Meta" answers
                                       "NAME /svc/method payload" then, sorted, the request
                                       metadata entries whose key starts with "x-", as
                                       " KEY=VALUE" each
