@@ -375,6 +375,64 @@ fn gateway_route_status_keeps_other_controllers_entries() {
 }
 
 #[test]
+fn gateway_with_parameters_ref_is_not_accepted_and_keeps_serving() {
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(GATEWAYS);
+    // No kind of parameters is supported: any parametersRef (here a hostile name, which is
+    // never read) gives Accepted=False InvalidParameters, as the conformance test
+    // GatewayInvalidParametersRef expects; infrastructure labels alone are ignored.
+    for (name, infra) in [
+        (
+            "params",
+            r#"{parametersRef: {group: "", kind: ConfigMap, name: "missing\n  bind :22"}, labels: {team: a}}"#,
+        ),
+        ("labels", "{labels: {team: a}}"),
+    ] {
+        m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: {name}, namespace: default, generation: 2}}\nspec:\n  gatewayClassName: haproxy\n  infrastructure: {infra}\n  listeners: [{{name: http, protocol: HTTP, port: 80, hostname: {name}.test}}]\n"));
+        m.push_str(&route(
+            "default",
+            name,
+            "2024-01-01T00:00:00Z",
+            &format!("  parentRefs: [{{name: {name}}}]\n  rules: [{{backendRefs: [{{name: web, port: 80}}]}}]\n"),
+        ));
+    }
+    let s = Scenario::start("gateway-params", &m, &[]);
+    let gw = |name: &str| {
+        let st = status_of(&s.render_output, "Gateway", &format!("default/{name}"))
+            .unwrap_or_else(|| panic!("no status for {name}:\n{}", s.render_output));
+        let c = &st["conditions"];
+        let listener = &st["listeners"][0]["conditions"];
+        (
+            condition(c, "Accepted"),
+            condition(c, "Programmed"),
+            condition(listener, "Programmed"),
+        )
+    };
+    assert_eq!(
+        gw("params"),
+        (
+            pair("False", "InvalidParameters"),
+            pair("False", "Invalid"),
+            pair("True", "Programmed")
+        )
+    );
+    assert_eq!(
+        gw("labels"),
+        (
+            pair("True", "Accepted"),
+            pair("True", "Programmed"),
+            pair("True", "Programmed")
+        )
+    );
+    // As with spec.addresses, the listeners stay programmed: both Gateways' routes answer.
+    assert_eq!(s.proxy.http("params.test", "/").backend(), Some("web"));
+    assert_eq!(s.proxy.http("labels.test", "/").backend(), Some("web"));
+    let cfg = std::fs::read_to_string(s.out.path().join("haproxy.cfg")).expect("haproxy.cfg");
+    assert!(!cfg.contains("bind :22"), "{cfg}");
+}
+
+#[test]
 fn gateway_route_timeouts_answer_504_from_slow_backends() {
     let web = Echo::start("web");
     let mut m = service_yaml("default", "web", &web);
@@ -556,6 +614,113 @@ spec:
         call("grpc.test", "/demo.Greeter/Hdr"),
         "status UNIMPLEMENTED"
     );
+}
+
+#[test]
+fn grpc_route_backend_ref_header_filters_apply_to_their_backend_only() {
+    let python = grpc_python();
+    let one = GrpcEcho::start(&python, "one");
+    let two = GrpcEcho::start(&python, "two");
+    let mut m = service_yaml_port("default", "one", one.port);
+    m.push_str(&service_yaml_port("default", "two", two.port));
+    m.push_str(GATEWAYS);
+    m.push_str(
+        r#"---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: befilters, namespace: default, creationTimestamp: "2024-01-01T00:00:00Z", generation: 1}
+spec:
+  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [grpc-be.test]
+  rules:
+    - matches: [{method: {service: demo.Split}}]
+      filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-rule, value: r}]}}]
+      backendRefs:
+        - name: one
+          port: 80
+          filters:
+            - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-be, value: one}], remove: [x-drop]}}
+            - {type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: x-resp-be, value: one}]}}
+        - name: two
+          port: 80
+          filters:
+            - {type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: x-be, value: two}]}}
+    - matches: [{method: {service: demo.Ext}}]
+      backendRefs:
+        - name: one
+          port: 80
+          filters: [{type: ExtensionRef, extensionRef: {group: example.com, kind: Filter, name: f}}]
+"#,
+    );
+    let s = Scenario::start("gateway-grpc-befilters", &m, &[]);
+    let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
+    // 40 calls on one HTTP/2 connection: each call is a request of its own to HAProxy, so
+    // each picks a backendRef by weight and gets only that backendRef's filters.
+    let out = std::process::Command::new(&python)
+        .arg(harness::root().join("tests/libraries/grpc_echo.py"))
+        .args([
+            "calls",
+            &target,
+            "grpc-be.test",
+            "/demo.Split/SayMeta",
+            "hi",
+            "40",
+            "x-drop=d",
+        ])
+        .output()
+        .expect("gRPC client");
+    let out = String::from_utf8_lossy(&out.stdout);
+    let mut seen = std::collections::BTreeMap::new();
+    for full in out.lines() {
+        // HAProxy's own X-Forwarded-For and X-Forwarded-Proto are not the filters' business.
+        let words: Vec<&str> = full
+            .split(' ')
+            .filter(|w| !w.starts_with("x-forwarded-"))
+            .collect();
+        let line = words.join(" ");
+        match line.as_str() {
+            // x-drop removed, x-be set, the response gets x-resp-be: only for `one`.
+            "one /demo.Split/SayMeta hi x-be=one x-rule=r | x-resp-be=one" => {}
+            // `two` keeps x-drop, gets its own x-be (added), no response header.
+            "two /demo.Split/SayMeta hi x-be=two x-drop=d x-rule=r |" => {}
+            other => panic!("unexpected answer {other:?} in:\n{out}"),
+        }
+        *seen.entry(words[0]).or_insert(0) += 1;
+    }
+    assert_eq!(seen.values().sum::<usize>(), 40, "{out}");
+    assert_eq!(
+        seen.len(),
+        2,
+        "both backends answered in 40 calls: {seen:?}"
+    );
+    // A filter kind the library cannot apply (ExtensionRef) makes its rule answer 500 (not
+    // OK for the client), named in the route's Accepted condition; the other rule is served.
+    let out = std::process::Command::new(&python)
+        .arg(harness::root().join("tests/libraries/grpc_echo.py"))
+        .args([
+            "calls",
+            &target,
+            "grpc-be.test",
+            "/demo.Ext/SayMeta",
+            "hi",
+            "1",
+        ])
+        .output()
+        .expect("gRPC client");
+    let out = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.starts_with("status ") && !out.contains("one /"),
+        "{out}"
+    );
+    let st = status_of(&s.render_output, "GRPCRoute", "default/befilters").expect("status");
+    let conditions = &st["parents"][0]["conditions"];
+    assert_eq!(condition(conditions, "Accepted"), pair("True", "Accepted"));
+    let message = conditions[0]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("rule 1: backendRef filter ExtensionRef is not supported (answers 500)"),
+        "{message}"
+    );
+    assert!(!message.contains("rule 0"), "{message}");
 }
 
 #[test]
@@ -1067,6 +1232,13 @@ fn tls_routes_pass_raw_tls_through_by_sni() {
         "  parentRefs: [{name: tls, sectionName: secure}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
     ));
     let s = Scenario::start("gateway-tlsroute", &m, &[]);
+    // haproxy -c (its warnings are in the render output) does not ignore `option forwardfor`
+    // in a mode tcp backend: they use the defaults without it.
+    assert!(
+        !s.render_output.contains("requires HTTP mode"),
+        "{}",
+        s.render_output
+    );
     let p = &s.proxy;
     let passed_through = |sni: &str| {
         let r = p.https(sni, "/", &pki.ca, &[]);
@@ -1556,6 +1728,13 @@ fn gateway_tcp_routes_carry_raw_tcp_bytes() {
         m.push_str(&format!("---\napiVersion: gateway.networking.k8s.io/v1alpha2\nkind: TCPRoute\nmetadata: {{name: {name}, namespace: team, creationTimestamp: \"{ts}\", generation: 1}}\nspec:\n  parentRefs: [{{name: tcp, namespace: default, sectionName: {section}}}]\n  rules: [{{backendRefs: [{backend}]}}]\n"));
     }
     let s = Scenario::start("gateway-tcproute", &m, &[]);
+    // haproxy -c (its warnings are in the render output) does not ignore `option forwardfor`
+    // in a mode tcp backend: they use the defaults without it.
+    assert!(
+        !s.render_output.contains("requires HTTP mode"),
+        "{}",
+        s.render_output
+    );
     let ip = s.proxy.ports.ip.as_str();
     // The oldest TCPRoute on the listener carries the bytes, both ways, undecoded.
     assert_eq!(
@@ -1879,6 +2058,13 @@ fn tls_terminate_listeners_send_decrypted_bytes_to_tls_routes_and_share_ports_wi
         "  parentRefs: [{name: mix, namespace: default, sectionName: web}]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
     ));
     let s = Scenario::start("gateway-tls-terminate", &m, &[]);
+    // haproxy -c (its warnings are in the render output) does not ignore `option forwardfor`
+    // in a mode tcp backend: they use the defaults without it.
+    assert!(
+        !s.render_output.contains("requires HTTP mode"),
+        "{}",
+        s.render_output
+    );
     let p = &s.proxy;
     let ip = p.ports.ip.as_str();
     let ca = Some(pki.ca.as_path());

@@ -6,9 +6,19 @@
                                       and answers three messages "NAME /svc/method payload N"
     grpc_echo.py tls-server NAME CERT KEY
                                       the same over TLS with that certificate and key (PEM files)
+                                      (both servers) a method whose name ends in "Meta" answers
+                                      "NAME /svc/method payload" then, sorted, the request
+                                      metadata entries whose key starts with "x-", as
+                                      " KEY=VALUE" each
     grpc_echo.py client TARGET AUTHORITY METHOD PAYLOAD [KEY=VALUE]
                                       one unary call over HTTP/2 cleartext (with one metadata
                                       entry); prints the answer, or "status CODE" when it fails
+    grpc_echo.py calls TARGET AUTHORITY METHOD PAYLOAD COUNT [KEY=VALUE]
+                                      COUNT unary calls on one HTTP/2 cleartext connection;
+                                      prints one line per call: the answer, then " |", then
+                                      the response's initial metadata entries whose key starts
+                                      with "x-", sorted, as " KEY=VALUE" each (or "status CODE
+                                      |" when the call fails)
     grpc_echo.py tls-call TARGET AUTHORITY CAFILE METHOD PAYLOAD
     grpc_echo.py tls-stream TARGET AUTHORITY CAFILE METHOD PAYLOAD
                                       one unary or server-streaming call over TLS (ALPN h2),
@@ -30,12 +40,18 @@ def serve(name, cert=None, key=None):
             def answer(request, context):
                 return f"{name} {method} ".encode() + request
 
+            def answer_meta(request, context):
+                meta = sorted(f" {k}={v}" for k, v in context.invocation_metadata() if k.startswith("x-"))
+                return f"{name} {method} ".encode() + request + "".join(meta).encode()
+
             def answers(request, context):
                 for i in range(3):
                     yield f"{name} {method} ".encode() + request + f" {i}".encode()
 
             if method.endswith("Stream"):
                 return grpc.unary_stream_rpc_method_handler(answers)
+            if method.endswith("Meta"):
+                return grpc.unary_unary_rpc_method_handler(answer_meta)
             return grpc.unary_unary_rpc_method_handler(answer)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
@@ -64,6 +80,23 @@ def call(target, authority, method, payload, metadata=None):
             print(f"status {e.code().name}")
 
 
+def calls(target, authority, method, payload, count, metadata=None):
+    options = [("grpc.default_authority", authority)]
+    extra = [tuple(metadata.split("=", 1))] if metadata else None
+    with grpc.insecure_channel(target, options=options) as channel:
+        stub = channel.unary_unary(method)
+        for _ in range(int(count)):
+            try:
+                answer, call = stub.with_call(payload.encode(), timeout=10, metadata=extra)
+                line = answer.decode()
+                meta = call.initial_metadata()
+            except grpc.RpcError as e:
+                line = f"status {e.code().name}"
+                meta = e.initial_metadata() or ()
+            sent = sorted(f" {k}={v}" for k, v in meta if k.startswith("x-"))
+            print(line + " |" + "".join(sent), flush=True)
+
+
 def tls_call(streaming, target, authority, cafile, method, payload):
     with open(cafile, "rb") as f:
         credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
@@ -87,6 +120,8 @@ if __name__ == "__main__":
         serve(sys.argv[2])
     elif sys.argv[1] == "tls-server":
         serve(*sys.argv[2:5])
+    elif sys.argv[1] == "calls":
+        calls(*sys.argv[2:8])
     elif sys.argv[1] in ("tls-call", "tls-stream"):
         tls_call(sys.argv[1] == "tls-stream", *sys.argv[2:7])
     else:
