@@ -132,7 +132,7 @@ impl RegexReplace {
     }
 
     /// The line with the step applied, or `None` when it does not change.
-    fn apply<'a>(&self, line: &'a str) -> Option<String> {
+    fn apply(&self, line: &str) -> Option<String> {
         if self.leading_spaces {
             let rest = line.trim_start_matches(' ');
             return (rest.len() < line.len()).then(|| format!("{}{rest}", self.replace));
