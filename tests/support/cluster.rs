@@ -512,21 +512,29 @@ impl Cluster {
         )
     }
 
+    /// Creates or replaces the config, as `kubectl apply` would: the controllers write its
+    /// status, which can change its resourceVersion between the read and the write, so a
+    /// conflict (409) reads it again and retries.
     pub fn apply_config(&self, object: &Value) {
         let res = Self::config_resource();
-        match self.client.get(&res, Some(NS), CONFIG_NAME) {
-            Ok(existing) => {
-                let mut updated = object.clone();
-                updated["metadata"]["resourceVersion"] =
-                    existing["metadata"]["resourceVersion"].clone();
-                self.client
-                    .update(&res, Some(NS), CONFIG_NAME, &updated)
-                    .unwrap();
-            }
-            Err(_) => {
-                self.client.create(&res, Some(NS), object).unwrap();
+        for _ in 0..20 {
+            let existing = match self.client.get(&res, Some(NS), CONFIG_NAME) {
+                Ok(existing) => existing,
+                Err(_) => {
+                    self.client.create(&res, Some(NS), object).unwrap();
+                    return;
+                }
+            };
+            let mut updated = object.clone();
+            updated["metadata"]["resourceVersion"] =
+                existing["metadata"]["resourceVersion"].clone();
+            match self.client.update(&res, Some(NS), CONFIG_NAME, &updated) {
+                Ok(_) => return,
+                Err(e) if e.code() == Some(409) => continue,
+                Err(e) => panic!("update the config: {e:?}"),
             }
         }
+        panic!("the config kept changing under 20 updates");
     }
 
     /// Starts a HAProxy pod on a loopback address of its own and registers it as a Running
