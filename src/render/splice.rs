@@ -22,6 +22,7 @@
 //! replays what it can.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use super::current_config::CurrentConfig;
@@ -51,6 +52,10 @@ pub(crate) struct LastRender {
     rendered: Rendered,
     /// Owners excluded when it was made (a change of exclusions takes the full render).
     excluded: Vec<Owner>,
+    /// Where each printed unit is called: `(hash of its key, output, call)`, sorted, so that
+    /// a splice finds its few changed units without hashing every call's key.
+    places: Vec<(u64, u32, u32)>,
+    hasher: std::collections::hash_map::RandomState,
 }
 
 struct OutputState {
@@ -254,6 +259,17 @@ impl LastRender {
         for (i, rec) in others.iter().enumerate() {
             readers.add(&rec.reads, Reader::Other(i));
         }
+        let hasher = std::collections::hash_map::RandomState::new();
+        let mut places: Vec<(u64, u32, u32)> = Vec::new();
+        for (o, output) in outputs.iter().enumerate() {
+            for (c, call) in output.calls.iter().enumerate() {
+                if call.at.is_some() {
+                    let (o, c) = (u32::try_from(o).ok()?, u32::try_from(c).ok()?);
+                    places.push((hasher.hash_one(&call.unit), o, c));
+                }
+            }
+        }
+        places.sort_unstable();
         Some(LastRender {
             readers,
             outputs,
@@ -263,7 +279,21 @@ impl LastRender {
             passes,
             rendered: rendered.clone(),
             excluded,
+            places,
+            hasher,
         })
+    }
+
+    /// The `(output, call)` places where `unit` is printed.
+    fn places_of(&self, unit: &UnitKey) -> Vec<(usize, usize)> {
+        let hash = self.hasher.hash_one(unit);
+        let from = self.places.partition_point(|p| p.0 < hash);
+        self.places[from..]
+            .iter()
+            .take_while(|p| p.0 == hash)
+            .map(|&(_, o, c)| (o as usize, c as usize))
+            .filter(|&(o, c)| self.outputs[o].calls[c].unit == *unit)
+            .collect()
     }
 
     /// The units of the kept render have passed `haproxy -c`.
@@ -398,15 +428,15 @@ impl Engine {
         }
         last.versions = now;
         last.current = inputs.current_config.clone();
+        // Where the changed units are printed, in order.
+        let mut at: Vec<(usize, usize)> = texts.keys().flat_map(|u| last.places_of(u)).collect();
+        at.sort_unstable();
         let rendered = &mut last.rendered;
         // Dirty units' new recordings, with their old ones and their place.
         let mut new_readers: Vec<(Arc<Recording>, Arc<Recording>, Reader)> = Vec::new();
         for (o, (output, state)) in self.outputs.iter().zip(&mut last.outputs).enumerate() {
-            if !state
-                .calls
-                .iter()
-                .any(|c| c.at.is_some() && texts.contains_key(&c.unit))
-            {
+            let mut here = at.iter().filter(|p| p.0 == o).map(|p| p.1).peekable();
+            if here.peek().is_none() {
                 continue;
             }
             let mut bytes: isize = 0;
@@ -420,7 +450,8 @@ impl Engine {
                 let old = *mark;
                 mark.start = shift(old.start, bytes);
                 mark.first = shift(old.first, lines);
-                match texts.get(&call.unit) {
+                let changed_here = here.next_if_eq(&c).is_some();
+                match changed_here.then(|| texts.get(&call.unit)).flatten() {
                     Some((text, rec)) => {
                         let old_rec = std::mem::replace(&mut call.rec, Arc::clone(rec));
                         new_readers.push((Arc::clone(rec), old_rec, Reader::Call(o, c)));
