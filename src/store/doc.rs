@@ -23,11 +23,17 @@ use std::hash::BuildHasherDefault;
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::Value;
 
+use super::common;
+
 /// Containers with more children than this get a direct index of them.
 const WIDE: usize = 16;
 
-/// Key offsets share a word with the kind, so text beyond this is refused.
-const MAX_TEXT: usize = 1 << 29;
+/// Key offsets share a word with the kind, and one bit marks the strings of the common table,
+/// so text beyond this is refused.
+const MAX_TEXT: usize = 1 << 28;
+
+/// Set in a text offset that is an index into the [`common`] table instead.
+const COMMON: u32 = 1 << 28;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -63,17 +69,17 @@ impl Node {
     }
 
     fn key(self) -> u32 {
-        self.head & (MAX_TEXT as u32 - 1)
+        self.head & (COMMON | (MAX_TEXT as u32 - 1))
     }
 }
 
-/// An object too large to be stored compactly (its strings exceed 512 MiB).
+/// An object too large to be stored compactly (its strings exceed 256 MiB).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TooLarge;
 
 impl fmt::Display for TooLarge {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "object too large to store (more than 512 MiB of text)")
+        write!(f, "object too large to store (more than 256 MiB of text)")
     }
 }
 
@@ -407,8 +413,11 @@ impl<'a> Iterator for Children<'a> {
     }
 }
 
-/// The text entry at `offset` (a length prefix, then the bytes).
+/// The text entry at `offset` (a length prefix, then the bytes), or the common string.
 fn string_at(text: &str, offset: u32) -> &str {
+    if offset & COMMON != 0 {
+        return common::get(offset & !COMMON);
+    }
     let bytes = text.as_bytes();
     let (mut len, mut shift, mut at) = (0usize, 0u32, offset as usize);
     // Entries are only ever written by `Builder::write`, so the prefix is well formed; a
@@ -488,6 +497,9 @@ impl Builder {
     /// The text offset of `s`, written on first use.
     pub(crate) fn intern(&mut self, s: &str) -> u32 {
         let hash = fx_hash(s.as_bytes());
+        if let Some(i) = common::find(s, hash) {
+            return COMMON | i;
+        }
         if let Some(&at) = self.offsets.get(&hash) {
             if string_at(&self.text, at) == s {
                 return at;
@@ -707,7 +719,7 @@ impl Builder {
 }
 
 /// FxHash over bytes (rustc's hash): fast, and collisions cost only deduplication.
-fn fx_hash(bytes: &[u8]) -> u64 {
+pub(super) fn fx_hash(bytes: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let mut h: u64 = bytes.len() as u64;
     let mut chunks = bytes.chunks_exact(8);
@@ -723,7 +735,7 @@ fn fx_hash(bytes: &[u8]) -> u64 {
 
 /// The hasher of the offsets map: its keys are hashes already.
 #[derive(Default)]
-struct Passthrough(u64);
+pub(super) struct Passthrough(u64);
 
 impl std::hash::Hasher for Passthrough {
     fn finish(&self) -> u64 {
@@ -877,11 +889,14 @@ mod tests {
 
     #[test]
     fn repeated_strings_are_stored_once() {
-        let v = json!({"namespace": "team-a", "labels": {"namespace": "team-a", "app": "team-a"},
-            "list": ["team-a", "team-a", "team-a"]});
+        let v = json!({"owner": "team-a", "labels": {"owner": "team-a", "app": "team-a"},
+            "list": ["team-a", "team-a", "team-a"], "namespace": "namespace"});
         let d = doc(&v);
         assert_eq!(d.text.matches("team-a").count(), 1);
-        assert_eq!(d.text.matches("namespace").count(), 1);
+        assert_eq!(d.text.matches("owner").count(), 1);
+        // Strings of the common table are not in the document's text at all.
+        assert_eq!(d.text.matches("namespace").count(), 0);
+        assert_eq!(d.text.matches("labels").count(), 0);
         same_answers(d.root(), &v);
     }
 

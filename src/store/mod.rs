@@ -6,6 +6,7 @@
 //! never objects. [`ObjectFilter`] prepares objects on arrival (ignored fields stripped,
 //! client-side field selector applied).
 
+mod common;
 pub mod doc;
 pub mod parse;
 pub mod path;
@@ -59,7 +60,7 @@ pub enum StoreError {
     MissingIndexValue { object: String, expression: String },
     /// A lookup passed more keys than there are `indexBy` expressions.
     TooManyKeys { given: usize, index_by: usize },
-    /// The object is beyond what a compact document holds (512 MiB of text).
+    /// The object is beyond what a compact document holds (256 MiB of text).
     TooLarge,
 }
 
