@@ -142,11 +142,9 @@ impl Nodes {
 
     /// The narrow form when every node has one (a wide one is copied as it is).
     fn from_slice(nodes: &[Node]) -> Nodes {
-        if nodes.len() < 0x8000 {
-            let narrow: Option<Box<[u32]>> = nodes.iter().map(|n| n.narrow()).collect();
-            if let Some(narrow) = narrow {
-                return Nodes::Narrow(narrow);
-            }
+        if nodes.len() < 0x8000 && nodes.iter().all(|n| n.narrow().is_some()) {
+            let narrow = nodes.iter().map(|n| n.narrow().unwrap_or_default());
+            return Nodes::Narrow(narrow.collect());
         }
         Nodes::Wide(Box::from(nodes))
     }
