@@ -334,6 +334,9 @@ mod tests {
         for s in ["", "Metadata", "metadata ", "team-a"] {
             assert_eq!(find(s, fx_hash(s.as_bytes())), None, "{s:?}");
         }
-        assert!(!STRINGS.contains(&""), "the empty string is a document's own");
+        assert!(
+            !STRINGS.contains(&""),
+            "the empty string is a document's own"
+        );
     }
 }

@@ -188,10 +188,7 @@ impl Doc {
 
     /// Bytes held on the heap (for memory accounting).
     pub fn heap_bytes(&self) -> usize {
-        self.nodes.heap_bytes()
-            + self.text.len()
-            + self.wide.len() * 12
-            + self.children.len() * 4
+        self.nodes.heap_bytes() + self.text.len() + self.wide.len() * 12 + self.children.len() * 4
     }
 
     pub fn to_value(&self) -> Value {

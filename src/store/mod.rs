@@ -652,10 +652,19 @@ mod tests {
             seed ^= seed << 17;
             seed % n
         };
-        let lookups = [k(&[]), k(&["a"]), k(&["b"]), k(&["a", "n1"]), k(&["", "n2"])];
+        let lookups = [
+            k(&[]),
+            k(&["a"]),
+            k(&["b"]),
+            k(&["a", "n1"]),
+            k(&["", "n2"]),
+        ];
         let mut versions = Vec::new();
         for step in 0..400 {
-            let (ns, name) = (["a", "b", "ab", ""][next(4) as usize], format!("n{}", next(6)));
+            let (ns, name) = (
+                ["a", "b", "ab", ""][next(4) as usize],
+                format!("n{}", next(6)),
+            );
             if step == 300 {
                 // A namespace that is not a string: its index key is no longer the object key.
                 let odd = json!({"metadata": {"namespace": 5, "name": "odd"}});
@@ -675,7 +684,10 @@ mod tests {
                 assert_eq!(shared.upsert_value(&v), separate.upsert_value(&v));
             }
             versions.push((shared.version(), separate.version()));
-            assert_eq!(shared.keys().collect::<Vec<_>>(), separate.keys().collect::<Vec<_>>());
+            assert_eq!(
+                shared.keys().collect::<Vec<_>>(),
+                separate.keys().collect::<Vec<_>>()
+            );
             for keys in lookups.iter().chain([&k(&["5"]), &k(&["5", "odd"])]) {
                 let (a, b) = (shared.fetch(keys).unwrap(), separate.fetch(keys).unwrap());
                 assert_eq!(a, b, "{keys:?}");
