@@ -203,7 +203,11 @@ fn main() {
         )
     };
     let burst = ingresses.min(1000);
-    let (renders_before, reloads_before) = counters(&c);
+    // The phase's last new route is served by both pods before the leader has counted the
+    // pushes that carried it (a pod serves once its reload is done; the push is counted when
+    // the agent's answer is in): start from counters that have stopped moving, or the burst
+    // would count that route's reloads as its own.
+    let (renders_before, reloads_before) = settled_counters(|| counters(&c));
     let burst_log_start = c.controller_log(&leader_name).len();
     let started = Instant::now();
     std::thread::scope(|scope| {
@@ -282,6 +286,23 @@ fn breakdown(what: &str, log: &str) {
         median(push),
         median(deployed)
     );
+}
+
+/// `read()` once it has answered the same for a second (longer than the config's
+/// `minDeploymentInterval`, 500 ms, so a held-back reload would have gone out); the last
+/// answer after 60 s.
+fn settled_counters<T: PartialEq>(read: impl Fn() -> T) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = read();
+    let mut since = Instant::now();
+    while since.elapsed() < Duration::from_secs(1) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = read();
+        if now != last {
+            (last, since) = (now, Instant::now());
+        }
+    }
+    last
 }
 
 /// The value of the sample line starting with `prefix` in Prometheus text (0 when absent).

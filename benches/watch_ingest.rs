@@ -5,7 +5,8 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,44 @@ use haptic::kube::reflector::{snapshot, Reflector, SharedStore};
 use haptic::store::path::PathExpr;
 use haptic::store::{Doc, ObjectFilter, Store};
 use serde_json::json;
+
+/// The system allocator, counting the bytes live on the heap: the store's RSS minus these is
+/// the allocator's own (block headers, free holes) and the process's.
+struct Counting;
+
+static HEAP_LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is passed on to the system allocator unchanged; only counted.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let ptr = System.alloc(layout);
+        if !ptr.is_null() {
+            HEAP_LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        }
+        ptr
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        HEAP_LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let new = System.realloc(ptr, layout, new_size);
+        if !new.is_null() {
+            HEAP_LIVE.fetch_add(new_size, Ordering::Relaxed);
+            HEAP_LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+        new
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+fn heap_kb() -> u64 {
+    (HEAP_LIVE.load(Ordering::Relaxed) / 1024) as u64
+}
 
 fn rss_kb() -> u64 {
     #[cfg(target_env = "gnu")]
@@ -123,6 +162,7 @@ fn main() {
         Client::new(&KubeConfig::from_kubeconfig(&server.kubeconfig(), None).unwrap()).unwrap();
 
     let rss_before = rss_kb();
+    let heap_before = heap_kb();
     let started = Instant::now();
     let (tx, _rx) = crossbeam_channel::unbounded();
     let stop = Arc::new(AtomicBool::new(false));
@@ -165,6 +205,7 @@ fn main() {
     let list_time = started.elapsed();
     let total: usize = stores.iter().map(|s| snapshot(s).len()).sum();
     let rss_after = rss_kb();
+    let store_heap_kb = heap_kb().saturating_sub(heap_before);
 
     // Watch ingest: hold events back, create objects, release them as one burst.
     server.faults(&json!({"pause": ["ingresses.networking.k8s.io", "services", "endpointslices.discovery.k8s.io"]}));
@@ -241,7 +282,7 @@ fn main() {
     let index_kb = rss_kb().saturating_sub(before);
     drop(indexed);
     println!(
-        "watch-ingest objects={total} list_sync_s={:.2} list_objects_per_s={:.0} watch_events={} watch_s={:.2} watch_events_per_s={:.0} store_rss_kb={store_kb} raw_json_kb={} ratio={:.2} plain_values_kb={plain_kb} compact_docs_kb={compact_kb} index_kb={index_kb} doc_heap_kb={} served_json_kb={}",
+        "watch-ingest objects={total} list_sync_s={:.2} list_objects_per_s={:.0} watch_events={} watch_s={:.2} watch_events_per_s={:.0} store_rss_kb={store_kb} raw_json_kb={} ratio={:.2} plain_values_kb={plain_kb} compact_docs_kb={compact_kb} index_kb={index_kb} doc_heap_kb={} served_json_kb={} store_heap_kb={store_heap_kb}",
         list_time.as_secs_f64(),
         total as f64 / list_time.as_secs_f64(),
         3 * extra,

@@ -3,7 +3,6 @@
 //! stream it re-lists and reconciles the store (adds, updates and deletes), so no change is lost
 //! and no stale object survives. Errors back off exponentially with jitter, capped at 30 s.
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -11,7 +10,7 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 
 use super::client::{Client, KubeError, ListParams, ResourceRef};
-use crate::store::{doc_key, NodeRef, ObjectFilter, Parsed, Shape, Store};
+use crate::store::{doc_key, NodeRef, ObjectFilter, ObjectKey, Parsed, Shape, Store};
 
 /// A store shared between its reflector (the only writer) and readers. Readers take cheap
 /// snapshots (`Arc<Store>`); a write while a snapshot is alive copies the index (pointers only).
@@ -167,7 +166,6 @@ impl Reflector {
 
     /// Lists everything and makes the store equal to it. Returns the list's resourceVersion.
     fn relist(&self, shape: &Shape) -> Result<String, KubeError> {
-        let mut seen = BTreeSet::new();
         let mut prepared = Vec::new();
         // List items carry no apiVersion/kind; templates name objects by them (render units
         // report refusals against `Kind namespace/name`), so fill them in as watch events have.
@@ -187,8 +185,7 @@ impl Reflector {
             &defaults,
             |item| match item.doc {
                 Ok(doc) => {
-                    if let Some(key) = doc_key(&doc).filter(|_| item.selected) {
-                        seen.insert(key);
+                    if item.selected && doc_key(&doc).is_some() {
                         prepared.push(doc);
                     }
                 }
@@ -196,7 +193,16 @@ impl Reflector {
             },
         )?;
         self.write(|s| {
-            let stale: Vec<_> = s.keys().filter(|k| !seen.contains(k)).collect();
+            // The listed keys are collected only now and dropped before the store grows: held
+            // while the pages were parsed, they were small blocks between the documents, and
+            // the holes they left stayed in the heap for as long as the documents did.
+            let mut seen: Vec<ObjectKey> = prepared.iter().filter_map(doc_key).collect();
+            seen.sort_unstable();
+            let stale: Vec<_> = s
+                .keys()
+                .filter(|k| seen.binary_search(k).is_err())
+                .collect();
+            drop(seen);
             for key in stale {
                 s.delete(&key);
             }

@@ -3,13 +3,15 @@
 //! A `serde_json::Value` tree costs about twenty times its JSON: every object is a B-tree
 //! node sized for eleven entries, and every key and string is its own allocation. Stores hold
 //! tens of thousands of objects for the life of the controller, so they keep them as `Doc`s
-//! instead: the nodes in preorder, eight bytes each, and every distinct string of the object
-//! once, in one text buffer. A node is read in place (templates see it through
+//! instead: the nodes in preorder, four bytes each (eight in objects with more than 32 KiB of
+//! text or nodes), and every distinct string of the object once, in one text buffer, except
+//! the strings of a fixed table that nearly every object shares (`store::common`), which are
+//! referred to by number. A node is read in place (templates see it through
 //! `render::objects::JsonNode`), so nothing is converted per render.
 //!
 //! Layout: a node is a kind, the text offset of its key (members of objects) and one more
-//! number: the text offset of a string or number, the value of a boolean, or for arrays and
-//! objects the index one past their last descendant (so a walk skips a child's subtree in one
+//! number: the text offset of a string or number (or its number in the common table), the
+//! value of a boolean, or for arrays and objects the index one past their last descendant (so a walk skips a child's subtree in one
 //! step). Text entries are a length prefix of ASCII bytes (six bits each, 0x40 = more follows)
 //! and the string's bytes, so the buffer stays a `str`. Members keep the order of the
 //! `serde_json` map they came from (sorted by key). Arrays and objects with more than
@@ -23,11 +25,17 @@ use std::hash::BuildHasherDefault;
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::Value;
 
+use super::common;
+
 /// Containers with more children than this get a direct index of them.
 const WIDE: usize = 16;
 
-/// Key offsets share a word with the kind, so text beyond this is refused.
-const MAX_TEXT: usize = 1 << 29;
+/// Key offsets share a word with the kind, and one bit marks the strings of the common table,
+/// so text beyond this is refused.
+const MAX_TEXT: usize = 1 << 28;
+
+/// Set in a text offset that is an index into the [`common`] table instead.
+const COMMON: u32 = 1 << 28;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -63,23 +71,98 @@ impl Node {
     }
 
     fn key(self) -> u32 {
-        self.head & (MAX_TEXT as u32 - 1)
+        self.head & (COMMON | (MAX_TEXT as u32 - 1))
     }
 }
 
-/// An object too large to be stored compactly (its strings exceed 512 MiB).
+impl Node {
+    /// The four-byte form: head (kind in the top three bits, then a flag for common strings
+    /// and twelve bits of key) and value (a flag for common strings and fifteen bits), when
+    /// both fit.
+    fn narrow(self) -> Option<u32> {
+        let kind = self.head >> 29;
+        let key = match self.key() {
+            k if k & COMMON != 0 && k & !COMMON < 0x1000 => 0x1000 | (k & !COMMON),
+            k if k < 0x1000 => k,
+            _ => return None,
+        };
+        let value = match self.value {
+            v if v & COMMON != 0 && v & !COMMON < 0x8000 => 0x8000 | (v & !COMMON),
+            v if v < 0x8000 => v,
+            _ => return None,
+        };
+        Some(value << 16 | kind << 13 | key)
+    }
+
+    /// The node of [`Node::narrow`]'s form.
+    fn widen(narrow: u32) -> Node {
+        let (head, value) = (narrow & 0xffff, narrow >> 16);
+        let key = match head & 0x1fff {
+            k if k & 0x1000 != 0 => COMMON | (k & 0xfff),
+            k => k,
+        };
+        let value = match value {
+            v if v & 0x8000 != 0 => COMMON | (v & 0x7fff),
+            v => v,
+        };
+        Node {
+            head: (head >> 13) << 29 | key,
+            value,
+        }
+    }
+}
+
+/// The nodes of a document: most objects are small enough for four bytes a node.
+enum Nodes {
+    Narrow(Box<[u32]>),
+    Wide(Box<[Node]>),
+}
+
+impl Nodes {
+    fn get(&self, idx: u32) -> Node {
+        match self {
+            Nodes::Narrow(n) => Node::widen(n[idx as usize]),
+            Nodes::Wide(n) => n[idx as usize],
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Nodes::Narrow(n) => n.len(),
+            Nodes::Wide(n) => n.len(),
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Nodes::Narrow(n) => n.len() * 4,
+            Nodes::Wide(n) => n.len() * std::mem::size_of::<Node>(),
+        }
+    }
+
+    /// The narrow form when every node has one (a wide one is copied as it is).
+    fn from_slice(nodes: &[Node]) -> Nodes {
+        if nodes.len() < 0x8000 && nodes.iter().all(|n| n.narrow().is_some()) {
+            let narrow = nodes.iter().map(|n| n.narrow().unwrap_or_default());
+            return Nodes::Narrow(narrow.collect());
+        }
+        Nodes::Wide(Box::from(nodes))
+    }
+}
+
+/// An object too large to be stored compactly (its strings exceed 256 MiB).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TooLarge;
 
 impl fmt::Display for TooLarge {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "object too large to store (more than 512 MiB of text)")
+        write!(f, "object too large to store (more than 256 MiB of text)")
     }
 }
 
 /// One JSON document, immutable once built.
 pub struct Doc {
-    nodes: Box<[Node]>,
+    nodes: Nodes,
     text: Box<str>,
     /// `(container node, start in children, count)` for every wide container, by node.
     wide: Box<[(u32, u32, u32)]>,
@@ -105,10 +188,7 @@ impl Doc {
 
     /// Bytes held on the heap (for memory accounting).
     pub fn heap_bytes(&self) -> usize {
-        self.nodes.len() * std::mem::size_of::<Node>()
-            + self.text.len()
-            + self.wide.len() * 12
-            + self.children.len() * 4
+        self.nodes.heap_bytes() + self.text.len() + self.wide.len() * 12 + self.children.len() * 4
     }
 
     pub fn to_value(&self) -> Value {
@@ -157,7 +237,7 @@ pub struct NodeRef<'a> {
 
 impl<'a> NodeRef<'a> {
     fn node(self) -> Node {
-        self.doc.nodes[self.idx as usize]
+        self.doc.nodes.get(self.idx)
     }
 
     /// This node's position in its document (see [`Doc::node`]).
@@ -407,8 +487,11 @@ impl<'a> Iterator for Children<'a> {
     }
 }
 
-/// The text entry at `offset` (a length prefix, then the bytes).
+/// The text entry at `offset` (a length prefix, then the bytes), or the common string.
 fn string_at(text: &str, offset: u32) -> &str {
+    if offset & COMMON != 0 {
+        return common::get(offset & !COMMON);
+    }
     let bytes = text.as_bytes();
     let (mut len, mut shift, mut at) = (0usize, 0u32, offset as usize);
     // Entries are only ever written by `Builder::write`, so the prefix is well formed; a
@@ -488,6 +571,9 @@ impl Builder {
     /// The text offset of `s`, written on first use.
     pub(crate) fn intern(&mut self, s: &str) -> u32 {
         let hash = fx_hash(s.as_bytes());
+        if let Some(i) = common::find(s, hash) {
+            return COMMON | i;
+        }
         if let Some(&at) = self.offsets.get(&hash) {
             if string_at(&self.text, at) == s {
                 return at;
@@ -698,7 +784,7 @@ impl Builder {
             }
         }
         Ok(Doc {
-            nodes: Box::from(&self.nodes[..]),
+            nodes: Nodes::from_slice(&self.nodes),
             text: Box::from(&self.text[..]),
             wide: wide.into_boxed_slice(),
             children: children.into_boxed_slice(),
@@ -707,7 +793,7 @@ impl Builder {
 }
 
 /// FxHash over bytes (rustc's hash): fast, and collisions cost only deduplication.
-fn fx_hash(bytes: &[u8]) -> u64 {
+pub(super) fn fx_hash(bytes: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
     let mut h: u64 = bytes.len() as u64;
     let mut chunks = bytes.chunks_exact(8);
@@ -723,7 +809,7 @@ fn fx_hash(bytes: &[u8]) -> u64 {
 
 /// The hasher of the offsets map: its keys are hashes already.
 #[derive(Default)]
-struct Passthrough(u64);
+pub(super) struct Passthrough(u64);
 
 impl std::hash::Hasher for Passthrough {
     fn finish(&self) -> u64 {
@@ -876,12 +962,36 @@ mod tests {
     }
 
     #[test]
+    fn small_objects_take_four_bytes_a_node_and_large_ones_eight() {
+        let small = json!({"metadata": {"name": "web", "labels": {"owner": "team-a"}},
+            "list": [1, "two", true, null, {"kind": "Service"}]});
+        let d = doc(&small);
+        assert!(matches!(d.nodes, Nodes::Narrow(_)));
+        same_answers(d.root(), &small);
+        // Past 4 KiB of text, keys no longer fit; past 32 KiB, values neither.
+        for len in [5000, 40_000] {
+            let large = json!({"a": "x".repeat(len), "b": {"owner": "y", "name": "z"},
+                "c": (0..40).collect::<Vec<_>>()});
+            let d = doc(&large);
+            assert!(matches!(d.nodes, Nodes::Wide(_)));
+            same_answers(d.root(), &large);
+        }
+        let many = Value::Array((0..40_000).map(Value::from).collect());
+        let d = doc(&many);
+        assert!(matches!(d.nodes, Nodes::Wide(_)));
+        same_answers(d.root(), &many);
+    }
+
+    #[test]
     fn repeated_strings_are_stored_once() {
-        let v = json!({"namespace": "team-a", "labels": {"namespace": "team-a", "app": "team-a"},
-            "list": ["team-a", "team-a", "team-a"]});
+        let v = json!({"owner": "team-a", "labels": {"owner": "team-a", "app": "team-a"},
+            "list": ["team-a", "team-a", "team-a"], "namespace": "namespace"});
         let d = doc(&v);
         assert_eq!(d.text.matches("team-a").count(), 1);
-        assert_eq!(d.text.matches("namespace").count(), 1);
+        assert_eq!(d.text.matches("owner").count(), 1);
+        // Strings of the common table are not in the document's text at all.
+        assert_eq!(d.text.matches("namespace").count(), 0);
+        assert_eq!(d.text.matches("labels").count(), 0);
         same_answers(d.root(), &v);
     }
 

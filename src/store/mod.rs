@@ -6,6 +6,7 @@
 //! never objects. [`ObjectFilter`] prepares objects on arrival (ignored fields stripped,
 //! client-side field selector applied).
 
+mod common;
 pub mod doc;
 pub mod parse;
 pub mod path;
@@ -59,7 +60,7 @@ pub enum StoreError {
     MissingIndexValue { object: String, expression: String },
     /// A lookup passed more keys than there are `indexBy` expressions.
     TooManyKeys { given: usize, index_by: usize },
-    /// The object is beyond what a compact document holds (512 MiB of text).
+    /// The object is beyond what a compact document holds (256 MiB of text).
     TooLarge,
 }
 
@@ -85,8 +86,9 @@ impl std::error::Error for StoreError {}
 
 #[derive(Debug, Clone)]
 struct Entry {
-    /// The packed index key and object key (see [`pack`]), shared with `Store::index`.
-    indexed: Arc<str>,
+    /// The packed index key and object key (see [`pack`]), shared with `Store::index`; `None`
+    /// while the store has no separate index.
+    indexed: Option<Arc<str>>,
     object: Arc<Doc>,
 }
 
@@ -149,8 +151,10 @@ pub struct Store {
     index_by: Arc<[PathExpr]>,
     /// By packed object key (namespace, name).
     objects: BTreeMap<Box<str>, Entry>,
-    /// By packed index key followed by the object key.
-    index: BTreeMap<Arc<str>, Arc<Doc>>,
+    /// By packed index key followed by the object key. `None` while every object's index key
+    /// is its object key (`indexBy` namespace and name, the common case): `objects` is then
+    /// in index order already and serves as the index, saving a second entry per object.
+    index: Option<BTreeMap<Arc<str>, Arc<Doc>>>,
     /// Stamped on every change.
     version: u64,
     /// The index keys the latest changes touched (old and new), by version, oldest first;
@@ -162,10 +166,13 @@ pub struct Store {
 impl Store {
     pub fn new(index_by: Vec<PathExpr>) -> Store {
         let version = next_version();
+        let by_object_key = index_by.len() == 2
+            && index_by[0].to_string() == "metadata.namespace"
+            && index_by[1].to_string() == "metadata.name";
         Store {
             index_by: index_by.into(),
             objects: BTreeMap::new(),
-            index: BTreeMap::new(),
+            index: (!by_object_key).then(BTreeMap::new),
             version,
             log: VecDeque::new(),
             log_floor: version,
@@ -268,35 +275,61 @@ impl Store {
                 return Err(e);
             }
         };
-        let mut indexed = String::new();
-        pack(&index_key, &mut indexed);
-        pack(&[&key.0, &key.1], &mut indexed);
-        let indexed: Arc<str> = Arc::from(indexed);
+        if self.index.is_none() && (index_key[0] != key.0 || index_key[1] != key.1) {
+            // The namespace is there but not a string: index it on its own from now on.
+            self.separate_index();
+        }
         let packed = packed_key(&key);
         let old = self.objects.remove(&packed);
-        if let Some(old) = &old {
-            self.index.remove(&old.indexed);
-        }
-        match &old {
-            Some(old) if old.indexed != indexed => {
-                let old_key = unpack(&old.indexed);
-                let old_key = &old_key[..old_key.len().saturating_sub(2)];
-                self.log_change(&[old_key, &index_key])
-            }
+        let old_key = old.as_ref().map(|old| self.unindex(&packed, old));
+        match old_key {
+            Some(old_key) if old_key != index_key => self.log_change(&[&old_key, &index_key]),
             _ => self.log_change(&[&index_key]),
         }
-        self.index.insert(indexed.clone(), object.clone());
+        let indexed = self.index.as_mut().map(|index| {
+            let mut indexed = String::new();
+            pack(&index_key, &mut indexed);
+            indexed.push_str(&packed);
+            let indexed: Arc<str> = Arc::from(indexed);
+            index.insert(indexed.clone(), object.clone());
+            indexed
+        });
         self.objects.insert(packed, Entry { indexed, object });
         Ok(())
     }
 
+    /// Removes the index entry of an object taken out of `objects` (under `packed`); its
+    /// index key.
+    fn unindex(&mut self, packed: &str, old: &Entry) -> Vec<String> {
+        let Some(indexed) = &old.indexed else {
+            return unpack(packed);
+        };
+        if let Some(index) = &mut self.index {
+            index.remove(indexed);
+        }
+        let mut index_key = unpack(indexed);
+        index_key.truncate(index_key.len().saturating_sub(2));
+        index_key
+    }
+
+    /// Gives the store an index of its own (every object's index key was its object key).
+    fn separate_index(&mut self) {
+        let mut index = BTreeMap::new();
+        for (packed, entry) in &mut self.objects {
+            let indexed: Arc<str> = Arc::from(format!("{packed}{packed}"));
+            index.insert(indexed.clone(), entry.object.clone());
+            entry.indexed = Some(indexed);
+        }
+        self.index = Some(index);
+    }
+
     /// Removes exactly this object; others sharing its index key stay.
     pub fn delete(&mut self, key: &ObjectKey) -> bool {
-        match self.objects.remove(&packed_key(key)) {
+        let packed = packed_key(key);
+        match self.objects.remove(&packed) {
             Some(old) => {
-                let index_key = unpack(&old.indexed);
-                self.log_change(&[&index_key[..index_key.len().saturating_sub(2)]]);
-                self.index.remove(&old.indexed);
+                let index_key = self.unindex(&packed, &old);
+                self.log_change(&[&index_key]);
                 true
             }
             None => false,
@@ -332,9 +365,18 @@ impl Store {
         }
         let mut prefix = String::new();
         pack(keys, &mut prefix);
+        let Some(index) = &self.index else {
+            // Index keys are object keys: `objects` is the index, in namespace/name order.
+            let prefix: Box<str> = prefix.into();
+            return Ok(self
+                .objects
+                .range(prefix.clone()..)
+                .take_while(|(packed, _)| packed.starts_with(&*prefix))
+                .map(|(_, e)| e.object.clone())
+                .collect());
+        };
         let prefix: Arc<str> = Arc::from(prefix);
-        let found = self
-            .index
+        let found = index
             .range(prefix.clone()..)
             .take_while(|(indexed, _)| indexed.starts_with(&*prefix));
         if keys.len() == self.index_by.len() {
@@ -594,6 +636,69 @@ mod tests {
             4,
             "one update, one move (two keys), one delete"
         );
+    }
+
+    #[test]
+    fn stores_by_namespace_and_name_answer_as_stores_with_a_separate_index() {
+        let by_key = || Store::indexed_by(&k(&["metadata.namespace", "metadata.name"]));
+        let mut shared = by_key();
+        assert!(shared.index.is_none(), "objects serve as the index");
+        let mut separate = by_key();
+        separate.separate_index();
+        let mut seed = 7u64;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let lookups = [
+            k(&[]),
+            k(&["a"]),
+            k(&["b"]),
+            k(&["a", "n1"]),
+            k(&["", "n2"]),
+        ];
+        let mut versions = Vec::new();
+        for step in 0..400 {
+            let (ns, name) = (
+                ["a", "b", "ab", ""][next(4) as usize],
+                format!("n{}", next(6)),
+            );
+            if step == 300 {
+                // A namespace that is not a string: its index key is no longer the object key.
+                let odd = json!({"metadata": {"namespace": 5, "name": "odd"}});
+                assert!(shared.upsert_value(&odd).is_ok());
+                assert!(separate.upsert_value(&odd).is_ok());
+                assert!(shared.index.is_some());
+            }
+            if next(3) == 0 {
+                let key = (ns.to_string(), name.clone());
+                assert_eq!(shared.delete(&key), separate.delete(&key));
+            } else {
+                let v = if ns.is_empty() {
+                    json!({"metadata": {"name": name}, "v": next(3)})
+                } else {
+                    json!({"metadata": {"namespace": ns, "name": name}, "v": next(3)})
+                };
+                assert_eq!(shared.upsert_value(&v), separate.upsert_value(&v));
+            }
+            versions.push((shared.version(), separate.version()));
+            assert_eq!(
+                shared.keys().collect::<Vec<_>>(),
+                separate.keys().collect::<Vec<_>>()
+            );
+            for keys in lookups.iter().chain([&k(&["5"]), &k(&["5", "odd"])]) {
+                let (a, b) = (shared.fetch(keys).unwrap(), separate.fetch(keys).unwrap());
+                assert_eq!(a, b, "{keys:?}");
+                for &(va, vb) in versions.iter().rev().take(5) {
+                    assert_eq!(
+                        shared.changed_since(va, keys),
+                        separate.changed_since(vb, keys)
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,0 +1,342 @@
+//! Strings that nearly every stored Kubernetes object contains, kept once per process.
+//!
+//! A [`Doc`](super::doc::Doc) stores each distinct string of its object once, but member names
+//! such as `metadata`, `namespace` or `resourceVersion` and values such as `TCP` or
+//! `networking.k8s.io/v1` recur in every object: in the benchmark's Ingresses, Services and
+//! EndpointSlices they were about a third of each document's text. Strings of this fixed table
+//! are referred to by their index instead. The table is fixed at build time, so it cannot grow
+//! with what the cluster sends, and the documents need no shared state to read it.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+use std::sync::OnceLock;
+
+use super::doc::{fx_hash, Passthrough};
+
+/// Member names of the objects a controller watches (object metadata, Ingress, Service,
+/// EndpointSlice, Secret, ConfigMap, Pod, Gateway API routes and gateways), well-known labels
+/// and annotations, and the values that recur in them. Only the order of first appearance
+/// matters (an entry's index is its number); a repeated entry is harmless.
+const STRINGS: &[&str] = &[
+    // Every object, and list items.
+    "apiVersion",
+    "kind",
+    "metadata",
+    "name",
+    "namespace",
+    "labels",
+    "annotations",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "ownerReferences",
+    "controller",
+    "blockOwnerDeletion",
+    "finalizers",
+    "generateName",
+    "managedFields",
+    "manager",
+    "operation",
+    "time",
+    "fieldsType",
+    "fieldsV1",
+    "subresource",
+    "spec",
+    "status",
+    "data",
+    "stringData",
+    "binaryData",
+    "type",
+    "immutable",
+    "items",
+    "conditions",
+    "lastTransitionTime",
+    "lastUpdateTime",
+    "lastProbeTime",
+    "message",
+    "reason",
+    "observedGeneration",
+    // Ingress.
+    "ingressClassName",
+    "defaultBackend",
+    "tls",
+    "hosts",
+    "secretName",
+    "rules",
+    "host",
+    "http",
+    "paths",
+    "path",
+    "pathType",
+    "backend",
+    "service",
+    "port",
+    "number",
+    "resource",
+    "loadBalancer",
+    "ingress",
+    "ip",
+    "hostname",
+    "ports",
+    "error",
+    "Prefix",
+    "Exact",
+    "ImplementationSpecific",
+    // Service.
+    "clusterIP",
+    "clusterIPs",
+    "externalIPs",
+    "externalName",
+    "externalTrafficPolicy",
+    "internalTrafficPolicy",
+    "healthCheckNodePort",
+    "ipFamilies",
+    "ipFamilyPolicy",
+    "loadBalancerIP",
+    "loadBalancerClass",
+    "loadBalancerSourceRanges",
+    "allocateLoadBalancerNodePorts",
+    "publishNotReadyAddresses",
+    "selector",
+    "sessionAffinity",
+    "sessionAffinityConfig",
+    "trafficDistribution",
+    "targetPort",
+    "nodePort",
+    "protocol",
+    "appProtocol",
+    "ClusterIP",
+    "NodePort",
+    "LoadBalancer",
+    "ExternalName",
+    "None",
+    "ClientIP",
+    "Cluster",
+    "Local",
+    "SingleStack",
+    "PreferDualStack",
+    "RequireDualStack",
+    "IPv4",
+    "IPv6",
+    "FQDN",
+    "TCP",
+    "UDP",
+    "SCTP",
+    "https",
+    "h2c",
+    // EndpointSlice.
+    "addressType",
+    "endpoints",
+    "addresses",
+    "ready",
+    "serving",
+    "terminating",
+    "nodeName",
+    "zone",
+    "hints",
+    "forZones",
+    "targetRef",
+    "deprecatedTopology",
+    "kubernetes.io/service-name",
+    "endpointslice.kubernetes.io/managed-by",
+    "endpointslice-controller.k8s.io",
+    "endpoints.kubernetes.io/last-change-trigger-time",
+    // Secrets and ConfigMaps.
+    "tls.crt",
+    "tls.key",
+    "ca.crt",
+    "Opaque",
+    "kubernetes.io/tls",
+    "kubernetes.io/service-account-token",
+    "kubernetes.io/dockerconfigjson",
+    "kubernetes.io/basic-auth",
+    "username",
+    "password",
+    // Pods.
+    "containers",
+    "initContainers",
+    "image",
+    "imagePullPolicy",
+    "args",
+    "command",
+    "env",
+    "value",
+    "valueFrom",
+    "containerPort",
+    "resources",
+    "limits",
+    "requests",
+    "volumeMounts",
+    "mountPath",
+    "readOnly",
+    "volumes",
+    "podIP",
+    "podIPs",
+    "hostIP",
+    "hostIPs",
+    "phase",
+    "startTime",
+    "qosClass",
+    "containerStatuses",
+    "restartCount",
+    "started",
+    "state",
+    "running",
+    "startedAt",
+    "imageID",
+    "containerID",
+    "serviceAccountName",
+    "restartPolicy",
+    "dnsPolicy",
+    "schedulerName",
+    "securityContext",
+    "terminationGracePeriodSeconds",
+    "tolerations",
+    "key",
+    "effect",
+    "tolerationSeconds",
+    "priority",
+    "enableServiceLinks",
+    "preemptionPolicy",
+    "Running",
+    "Pending",
+    "Succeeded",
+    "Failed",
+    "Ready",
+    "True",
+    "False",
+    "Unknown",
+    "Always",
+    "IfNotPresent",
+    "ClusterFirst",
+    "default-scheduler",
+    "pod-template-hash",
+    "app",
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/component",
+    "app.kubernetes.io/part-of",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/version",
+    "helm.sh/chart",
+    "kubectl.kubernetes.io/last-applied-configuration",
+    // Gateway API.
+    "gatewayClassName",
+    "listeners",
+    "allowedRoutes",
+    "namespaces",
+    "from",
+    "kinds",
+    "group",
+    "mode",
+    "certificateRefs",
+    "options",
+    "parentRefs",
+    "sectionName",
+    "hostnames",
+    "matches",
+    "filters",
+    "backendRefs",
+    "weight",
+    "method",
+    "headers",
+    "queryParams",
+    "requestHeaderModifier",
+    "responseHeaderModifier",
+    "requestRedirect",
+    "urlRewrite",
+    "requestMirror",
+    "timeouts",
+    "parents",
+    "controllerName",
+    "parentRef",
+    "supportedKinds",
+    "attachedRoutes",
+    "PathPrefix",
+    "RegularExpression",
+    "Same",
+    "All",
+    "Terminate",
+    "Passthrough",
+    "Accepted",
+    "ResolvedRefs",
+    "Programmed",
+    "gateway.networking.k8s.io",
+    "gateway.networking.k8s.io/v1",
+    "gateway.networking.k8s.io/v1beta1",
+    "gateway.networking.k8s.io/v1alpha2",
+    "Gateway",
+    "GatewayClass",
+    "HTTPRoute",
+    "GRPCRoute",
+    "TLSRoute",
+    "TCPRoute",
+    "UDPRoute",
+    "ReferenceGrant",
+    "HTTPS",
+    "TLS",
+    "HTTP",
+    // API versions and kinds.
+    "v1",
+    "networking.k8s.io/v1",
+    "discovery.k8s.io/v1",
+    "apps/v1",
+    "coordination.k8s.io/v1",
+    "Ingress",
+    "IngressClass",
+    "Service",
+    "EndpointSlice",
+    "Endpoints",
+    "Secret",
+    "ConfigMap",
+    "Pod",
+    "Namespace",
+    "Node",
+    "Deployment",
+    "ReplicaSet",
+    "Lease",
+    "haproxy",
+];
+
+/// The index of `s` in the table (its hash is `fx_hash` of its bytes).
+pub(super) fn find(s: &str, hash: u64) -> Option<u32> {
+    type Table = HashMap<u64, u32, BuildHasherDefault<Passthrough>>;
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut table = Table::default();
+        for (i, s) in STRINGS.iter().enumerate() {
+            table.entry(fx_hash(s.as_bytes())).or_insert(i as u32);
+        }
+        table
+    });
+    let &i = table.get(&hash)?;
+    (STRINGS[i as usize] == s).then_some(i)
+}
+
+/// The string at index `i` ("" past the end: indices only come from [`find`]).
+pub(super) fn get(i: u32) -> &'static str {
+    STRINGS.get(i as usize).copied().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_is_found_and_others_are_not() {
+        for s in STRINGS {
+            let i = find(s, fx_hash(s.as_bytes())).expect("in the table");
+            assert_eq!(get(i), *s);
+        }
+        for s in ["", "Metadata", "metadata ", "team-a"] {
+            assert_eq!(find(s, fx_hash(s.as_bytes())), None, "{s:?}");
+        }
+        assert!(
+            !STRINGS.contains(&""),
+            "the empty string is a document's own"
+        );
+    }
+}
