@@ -549,12 +549,31 @@ fn a_service_change_is_spliced_into_the_last_render() {
             cluster.upsert("ingresses", obj);
         }
     }
+    // Without any route-acl in the cluster, Ingresses without haproxy.org/ annotations or TLS
+    // get no haproxytech frontend unit at all; once one Service has one, every Ingress does.
+    // (The units the last pass called: rendered there, or replayed from an earlier pass.)
+    let units_called = |cluster: &Cluster| {
+        let mut fresh = RenderCache::new();
+        engine
+            .render_cached(&cluster.inputs(None), &mut fresh)
+            .expect("render");
+        fresh.stats.rendered + fresh.stats.replayed
+    };
+    let without = units_called(&cluster);
+    let mut canary = service("gamma", "canary");
+    canary["metadata"]["annotations"] = json!({"haproxy.org/route-acl": "cookie(canary) -m found"});
+    cluster.upsert("services", canary);
+    let with = units_called(&cluster);
+    assert!(
+        with > without,
+        "{with} units with a route-acl, {without} without"
+    );
     let mut cache = RenderCache::new();
     engine
         .render_cached(&cluster.inputs(None), &mut cache)
         .expect("first render");
     assert!(!cache.stats.spliced, "{:?}", cache.stats);
-    // A route-acl appears on one Service, changes, then goes away again; its timeout too.
+    // A route-acl appears on one more Service, changes, then goes away again; its timeout too.
     let changes = [
         json!({"haproxy.org/route-acl": "cookie(canary) -m found"}),
         json!({"haproxy.org/route-acl": "hdr(x-env) -m str beta", "haproxy.org/timeout-server": "5s"}),
@@ -578,4 +597,16 @@ fn a_service_change_is_spliced_into_the_last_render() {
         let (a, b) = (describe(&incremental), describe(&full));
         assert!(a == b, "{annotations}: {}", first_difference(&a, &b));
     }
+    // The last route-acl of the cluster goes: the answer changes, so the render is not a
+    // splice, and it still equals the full render.
+    cluster.upsert("services", service("gamma", "canary"));
+    let inputs = cluster.inputs(None);
+    let incremental = engine.render_cached(&inputs, &mut cache).expect("render");
+    let full = engine.render(&inputs).expect("full render");
+    let (a, b) = (describe(&incremental), describe(&full));
+    assert!(
+        a == b,
+        "last route-acl removed: {}",
+        first_difference(&a, &b)
+    );
 }
