@@ -492,6 +492,16 @@ fn grpc_python() -> std::path::PathBuf {
     python
 }
 
+/// Runs the gRPC client of grpc_echo.py (`mode` and its arguments); its output, trimmed.
+fn grpc_client(python: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new(python)
+        .arg(harness::root().join("tests/libraries/grpc_echo.py"))
+        .args(args)
+        .output()
+        .expect("gRPC client");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// A gRPC server answering every method with "<name> /<service>/<method> <payload>".
 struct GrpcEcho {
     child: std::process::Child,
@@ -570,12 +580,10 @@ spec:
     let s = Scenario::start("gateway-grpc", &m, &[]);
     let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
     let call_with = |authority: &str, method: &str, metadata: &str| {
-        let out = std::process::Command::new(&python)
-            .arg(harness::root().join("tests/libraries/grpc_echo.py"))
-            .args(["client", &target, authority, method, "hi", metadata])
-            .output()
-            .expect("gRPC client");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        grpc_client(
+            &python,
+            &["client", &target, authority, method, "hi", metadata],
+        )
     };
     let call = |authority: &str, method: &str| call_with(authority, method, "");
     // HTTP/2 cleartext (prior knowledge) through the HTTP frontend, routed by method.
@@ -656,9 +664,9 @@ spec:
     let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
     // 40 calls on one HTTP/2 connection: each call is a request of its own to HAProxy, so
     // each picks a backendRef by weight and gets only that backendRef's filters.
-    let out = std::process::Command::new(&python)
-        .arg(harness::root().join("tests/libraries/grpc_echo.py"))
-        .args([
+    let out = grpc_client(
+        &python,
+        &[
             "calls",
             &target,
             "grpc-be.test",
@@ -666,10 +674,8 @@ spec:
             "hi",
             "40",
             "x-drop=d",
-        ])
-        .output()
-        .expect("gRPC client");
-    let out = String::from_utf8_lossy(&out.stdout);
+        ],
+    );
     let mut seen = std::collections::BTreeMap::new();
     for full in out.lines() {
         // HAProxy's own X-Forwarded-For and X-Forwarded-Proto are not the filters' business.
@@ -695,19 +701,17 @@ spec:
     );
     // A filter kind the library cannot apply (ExtensionRef) makes its rule answer 500 (not
     // OK for the client), named in the route's Accepted condition; the other rule is served.
-    let out = std::process::Command::new(&python)
-        .arg(harness::root().join("tests/libraries/grpc_echo.py"))
-        .args([
+    let out = grpc_client(
+        &python,
+        &[
             "calls",
             &target,
             "grpc-be.test",
             "/demo.Ext/SayMeta",
             "hi",
             "1",
-        ])
-        .output()
-        .expect("gRPC client");
-    let out = String::from_utf8_lossy(&out.stdout);
+        ],
+    );
     assert!(
         out.starts_with("status ") && !out.contains("one /"),
         "{out}"
@@ -753,12 +757,7 @@ spec:
     let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.https);
     let ca = pki.ca.display().to_string();
     let run = |mode: &str, method: &str| {
-        let out = std::process::Command::new(&python)
-            .arg(harness::root().join("tests/libraries/grpc_echo.py"))
-            .args([mode, &target, "grpcs.test", &ca, method, "hi"])
-            .output()
-            .expect("gRPC client");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        grpc_client(&python, &[mode, &target, "grpcs.test", &ca, method, "hi"])
     };
     // TLS terminated by HAProxy with the listener's certificate (the client verifies it against
     // the test CA and negotiates h2 by ALPN), then HTTP/2 cleartext to the gRPC server.
@@ -817,14 +816,7 @@ spec:
     }
     let s = Scenario::start("gateway-grpc-btls", &m, &[]);
     let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
-    let call = |method: &str| {
-        let out = std::process::Command::new(&python)
-            .arg(harness::root().join("tests/libraries/grpc_echo.py"))
-            .args(["client", &target, "grpc.test", method, "hi"])
-            .output()
-            .expect("gRPC client");
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    };
+    let call = |method: &str| grpc_client(&python, &["client", &target, "grpc.test", method, "hi"]);
     // HTTP/2 cleartext from the client, HTTP/2 over TLS (ALPN h2) from HAProxy to the server,
     // whose certificate is verified against the ConfigMap's CA and the name grpc.internal.
     assert_eq!(
