@@ -70,6 +70,19 @@ impl Node {
         KINDS[(self.head >> 29) as usize]
     }
 
+    fn is_container(self) -> bool {
+        matches!(self.kind(), Kind::Array | Kind::Object)
+    }
+
+    /// One past the last node of the subtree of this node, found at `idx`.
+    fn end(self, idx: u32) -> u32 {
+        if self.is_container() {
+            self.value
+        } else {
+            idx + 1
+        }
+    }
+
     fn key(self) -> u32 {
         self.head & (COMMON | (MAX_TEXT as u32 - 1))
     }
@@ -119,6 +132,7 @@ enum Nodes {
 }
 
 impl Nodes {
+    #[inline]
     fn get(&self, idx: u32) -> Node {
         match self {
             Nodes::Narrow(n) => Node::widen(n[idx as usize]),
@@ -251,20 +265,15 @@ impl<'a> NodeRef<'a> {
 
     /// One past the last node of this subtree.
     fn end(self) -> u32 {
-        match self.kind() {
-            Kind::Array | Kind::Object => self.node().value,
-            _ => self.idx + 1,
-        }
+        self.node().end(self.idx)
     }
 
     fn first_child(self) -> Option<NodeRef<'a>> {
-        match self.kind() {
-            Kind::Array | Kind::Object if self.node().value > self.idx + 1 => Some(NodeRef {
-                doc: self.doc,
-                idx: self.idx + 1,
-            }),
-            _ => None,
-        }
+        let node = self.node();
+        (node.is_container() && node.value > self.idx + 1).then_some(NodeRef {
+            doc: self.doc,
+            idx: self.idx + 1,
+        })
     }
 
     /// The children of an array or object (values, in order); empty for scalars.
@@ -309,22 +318,36 @@ impl<'a> NodeRef<'a> {
 
     /// The member `key` of an object.
     pub fn get(self, key: &str) -> Option<NodeRef<'a>> {
-        if self.kind() != Kind::Object {
+        let node = self.node();
+        if node.kind() != Kind::Object {
             return None;
         }
-        let first = self.first_child()?;
+        let end = node.value;
+        if end <= self.idx + 1 {
+            return None;
+        }
         if let Some(row) = self.wide_row() {
             let i = row
                 .binary_search_by(|&c| self.doc_node(c).key().cmp(key))
                 .ok()?;
             return Some(self.doc_node(row[i]));
         }
-        let mut child = Some(first);
-        while let Some(c) = child {
-            if c.key() == key {
-                return Some(c);
+        // Templates look up a few well-known keys (metadata, spec, name, …) far more than any
+        // other: those are stored as their number in the common table, so the walk compares
+        // numbers, not strings, and skips each member's subtree in one step.
+        let wanted = common::find(key, fx_hash(key.as_bytes())).map(|i| COMMON | i);
+        let mut i = self.idx + 1;
+        while i < end {
+            let child = self.doc.nodes.get(i);
+            let k = child.key();
+            let hit = match wanted {
+                Some(w) => k == w,
+                None => k & COMMON == 0 && string_at(&self.doc.text, k) == key,
+            };
+            if hit {
+                return Some(self.doc_node(i));
             }
-            child = self.next_sibling(c);
+            i = child.end(i);
         }
         None
     }
@@ -346,11 +369,6 @@ impl<'a> NodeRef<'a> {
 
     fn doc_node(self, idx: u32) -> NodeRef<'a> {
         NodeRef { doc: self.doc, idx }
-    }
-
-    fn next_sibling(self, child: NodeRef<'a>) -> Option<NodeRef<'a>> {
-        let next = child.end();
-        (next < self.end()).then_some(self.doc_node(next))
     }
 
     pub fn as_str(self) -> Option<&'a str> {
@@ -871,7 +889,13 @@ mod tests {
                 let n = [0, 1, 3, WIDE, WIDE + 1, 40][(next() % 6) as usize];
                 let mut map = serde_json::Map::new();
                 for i in 0..n {
-                    let key = format!("k{}{}", i % 7, "é".repeat(i % 3));
+                    // Some keys of the common table (stored by number), some not.
+                    let common = ["metadata", "name", "spec", "namespace", "labels", "ports"];
+                    let key = if i % 3 == 2 {
+                        common[(i / 3) % common.len()].to_string()
+                    } else {
+                        format!("k{}{}", i % 7, "é".repeat(i % 3))
+                    };
                     map.insert(key, random_value(seed, depth - 1));
                 }
                 Value::Object(map)
