@@ -183,7 +183,7 @@ impl FileRegistry {
         let (path, added) = self.register_file(kind, name, content.clone())?;
         if added.is_some() {
             units::note_effect(
-                units::Effect::File(kind, name.to_string(), content),
+                units::Effect::File(Box::new((kind, name.to_string(), content))),
                 units::Undo::File(path.clone()),
             );
         }
@@ -664,8 +664,8 @@ impl Object for StatusCollector {
                 let status = self.shared(status);
                 let old = self.set_status(key.clone(), status.clone());
                 units::note_effect(
-                    units::Effect::Status(key.clone(), status),
-                    units::Undo::Status(key, old),
+                    units::Effect::Status(Box::new(key.clone()), status),
+                    units::Undo::Status(Box::new(key), old),
                 );
                 Ok(Value::from(""))
             }

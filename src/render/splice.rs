@@ -137,17 +137,12 @@ impl Readers {
         let mut key = String::new();
         for read in reads {
             match read {
-                Read::Store {
-                    store,
-                    method,
-                    keys,
-                    ..
-                } => {
-                    add_reader(&mut self.all, store, reader);
-                    match method {
-                        units::StoreMethod::List => add_reader(&mut self.lists, store, reader),
+                Read::Store(r) => {
+                    add_reader(&mut self.all, &r.store, reader);
+                    match r.method {
+                        units::StoreMethod::List => add_reader(&mut self.lists, &r.store, reader),
                         _ => {
-                            write_lookup(&mut key, store, keys);
+                            write_lookup(&mut key, &r.store, &r.keys);
                             add_reader(&mut self.lookups, &key, reader)
                         }
                     }
@@ -349,17 +344,12 @@ impl Engine {
             })
             .collect();
         let unchanged = |r: &Read| match r {
-            Read::Store { store, .. } if !changed.contains(&store.as_str()) => true,
-            Read::Store {
-                store,
-                method,
-                keys,
-                ..
-            } if changed_keys.contains_key(store.as_str()) => {
-                let touched = &changed_keys[store.as_str()];
-                match method {
+            Read::Store(s) if !changed.contains(&s.store.as_str()) => true,
+            Read::Store(s) if changed_keys.contains_key(s.store.as_str()) => {
+                let touched = &changed_keys[s.store.as_str()];
+                match s.method {
                     units::StoreMethod::List => touched.is_empty(),
-                    _ => !touched.iter().any(|k| k.starts_with(keys)),
+                    _ => !touched.iter().any(|k| k.starts_with(&s.keys)),
                 }
             }
             Read::Current { .. } if same_current => true,
@@ -632,20 +622,9 @@ fn versions(inputs: &RenderInputs) -> Vec<(String, u64)> {
 /// Whether two reads ask the same question (the same store lookup, the same backend).
 fn same_target(a: &Read, b: &Read) -> bool {
     match (a, b) {
-        (
-            Read::Store {
-                store: s1,
-                method: m1,
-                keys: k1,
-                ..
-            },
-            Read::Store {
-                store: s2,
-                method: m2,
-                keys: k2,
-                ..
-            },
-        ) => s1 == s2 && m1 == m2 && k1 == k2,
+        (Read::Store(a), Read::Store(b)) => {
+            a.store == b.store && a.method == b.method && a.keys == b.keys
+        }
         (Read::Current { backend: b1, .. }, Read::Current { backend: b2, .. }) => b1 == b2,
         _ => false,
     }

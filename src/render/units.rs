@@ -137,14 +137,9 @@ pub struct UnitSpan {
 /// A read whose answer a unit's output depends on.
 #[derive(Debug, Clone)]
 pub(super) enum Read {
-    Store {
-        store: String,
-        method: StoreMethod,
-        keys: Vec<String>,
-        result: Vec<Arc<crate::store::Doc>>,
-        /// The store's version when the answer was last known to hold (0: no such store).
-        version: Stamp,
-    },
+    /// Boxed, as the rarer large variants are: every unit keeps its reads for as long as it
+    /// is cached, and most are `Shared` and `Seen`.
+    Store(Box<StoreRead>),
     Shared {
         key: String,
         value: Option<Value>,
@@ -155,8 +150,19 @@ pub(super) enum Read {
     },
     Current {
         backend: String,
-        value: Option<Backend>,
+        value: Option<Box<Backend>>,
     },
+}
+
+/// A store lookup and its answer.
+#[derive(Debug, Clone)]
+pub(super) struct StoreRead {
+    pub store: String,
+    pub method: StoreMethod,
+    pub keys: Vec<String>,
+    pub result: Vec<Arc<crate::store::Doc>>,
+    /// The store's version when the answer was last known to hold (0: no such store).
+    pub version: Stamp,
 }
 
 /// A store version, moved forward when a read is found to still hold at a later one (so the
@@ -193,8 +199,9 @@ pub enum Effect {
     SharedSet(String, Value),
     SharedAppend(String, Value),
     Seen(String),
-    Status(super::context::StatusKey, Arc<serde_json::Value>),
-    File(FileKind, String, String),
+    /// Boxed (as is `File`'s): cached units keep their effects, and most are the small kinds.
+    Status(Box<super::context::StatusKey>, Arc<serde_json::Value>),
+    File(Box<(FileKind, String, String)>),
 }
 
 /// How to take an effect back when its unit fails.
@@ -203,7 +210,7 @@ pub enum Undo {
     SharedSet(String, Option<Value>),
     SharedAppend(String),
     Seen(String),
-    Status(super::context::StatusKey, Option<Arc<serde_json::Value>>),
+    Status(Box<super::context::StatusKey>, Option<Arc<serde_json::Value>>),
     File(String),
     Nothing,
 }
@@ -221,7 +228,8 @@ struct Frame {
     undo: Vec<Undo>,
     /// Shared keys and first_seen keys this unit wrote: its later reads of them follow from
     /// its own inputs and need no recording.
-    wrote: HashSet<String>,
+    wrote_shared: HashSet<String>,
+    wrote_seen: HashSet<String>,
     /// Set on the frame of an output template's top level (not a unit): the units it called,
     /// in order. Its own store and `current_config` reads are kept; `shared` and `first_seen`
     /// reads and all effects are not (they follow from the units' effects, see `splice`).
@@ -524,13 +532,13 @@ pub(super) fn note_store_read(
     result: &[Arc<crate::store::Doc>],
 ) {
     if recording() {
-        record_read(Read::Store {
+        record_read(Read::Store(Box::new(StoreRead {
             store: store.to_string(),
             method,
             keys: keys.to_vec(),
             result: result.to_vec(),
             version: Stamp(std::sync::atomic::AtomicU64::new(version)),
-        });
+        })));
     }
 }
 
@@ -556,7 +564,7 @@ pub(super) fn note_current_read(backend: &str, value: Option<&Backend>) {
     if recording() {
         record_read(Read::Current {
             backend: backend.to_string(),
-            value: value.cloned(),
+            value: value.map(|b| Box::new(b.clone())),
         });
     }
 }
@@ -674,13 +682,14 @@ pub(super) fn input_unchanged(
     read: &Read,
 ) -> bool {
     match read {
-        Read::Store {
-            store,
-            method,
-            keys,
-            result,
-            version,
-        } => {
+        Read::Store(r) => {
+            let StoreRead {
+                store,
+                method,
+                keys,
+                result,
+                version,
+            } = &**r;
             let Some(s) = stores.get(store) else {
                 return result.is_empty();
             };
@@ -713,7 +722,7 @@ pub(super) fn input_unchanged(
         }
         Read::Current { backend, value } => {
             let now = current.and_then(|c| c.backend(backend));
-            now == value.as_ref()
+            now == value.as_deref()
         }
         Read::Shared { .. } | Read::Seen { .. } => true,
     }
@@ -731,10 +740,12 @@ fn replay(scope: &Scope, effect: &Effect) -> Result<(), String> {
             scope.shared.mark_seen(k);
             Undo::Seen(k.clone())
         }
-        Effect::Status(key, v) => {
-            Undo::Status(key.clone(), scope.status.set_status(key.clone(), v.clone()))
-        }
-        Effect::File(kind, name, content) => {
+        Effect::Status(key, v) => Undo::Status(
+            key.clone(),
+            scope.status.set_status((**key).clone(), v.clone()),
+        ),
+        Effect::File(file) => {
+            let (kind, name, content) = &**file;
             let (_, new_path) = scope.files.register_file(*kind, name, content.clone())?;
             match new_path {
                 Some(p) => Undo::File(p),
@@ -756,7 +767,7 @@ fn undo(scope: &Scope, undo: Undo) {
         },
         Undo::SharedAppend(k) => scope.shared.pop(&k),
         Undo::Seen(k) => scope.shared.unmark_seen(&k),
-        Undo::Status(key, old) => scope.status.restore(key, old),
+        Undo::Status(key, old) => scope.status.restore(*key, old),
         Undo::File(path) => scope.files.remove(&path),
         Undo::Nothing => {}
     }
@@ -1052,7 +1063,8 @@ fn try_replay(
 impl Scope {
     fn note_files(&mut self, rec: &Recording, owner: &Owner) {
         for e in &rec.effects {
-            if let Effect::File(kind, name, _) = e {
+            if let Effect::File(file) = e {
+                let (kind, name, _) = &**file;
                 if let Ok(path) = self.files.path_of(*kind, name) {
                     self.file_owners.push((path, owner.clone()));
                 }
@@ -1117,7 +1129,7 @@ impl Scope {
                 Value::from_safe_string(String::new())
             }
         };
-        let rec = match &outcome {
+        let mut rec = match &outcome {
             Ok(_) => rec,
             // A failed unit replays only its failure; its reads still decide when to retry.
             Err(_) => Recording {
@@ -1126,6 +1138,10 @@ impl Scope {
                 children: Vec::new(),
             },
         };
+        // Kept for the life of the unit: without the vectors' growth slack.
+        rec.reads.shrink_to_fit();
+        rec.effects.shrink_to_fit();
+        rec.children.shrink_to_fit();
         self.cache.entries.insert(
             ukey,
             Entry {
@@ -1140,25 +1156,11 @@ impl Scope {
     }
 }
 
-/// What a unit wrote to `shared` or marked with `first_seen`: its later reads of it follow from
-/// its own inputs and are not recorded.
-fn written_key(effect: &Effect) -> Option<String> {
-    match effect {
-        Effect::SharedSet(k, _) | Effect::SharedAppend(k, _) => Some(format!("s:{k}")),
-        Effect::Seen(k) => Some(format!("f:{k}")),
-        _ => None,
-    }
-}
-
 impl Frame {
     fn push_read(&mut self, read: Read) {
         let own = match &read {
-            Read::Shared { key, .. } => {
-                self.top.is_some() || self.wrote.contains(&format!("s:{key}"))
-            }
-            Read::Seen { key, .. } => {
-                self.top.is_some() || self.wrote.contains(&format!("f:{key}"))
-            }
+            Read::Shared { key, .. } => self.top.is_some() || self.wrote_shared.contains(key),
+            Read::Seen { key, .. } => self.top.is_some() || self.wrote_seen.contains(key),
             _ => false,
         };
         if !own {
@@ -1170,8 +1172,20 @@ impl Frame {
         if self.top.is_some() {
             return;
         }
-        if let Some(key) = written_key(&effect) {
-            self.wrote.insert(key);
+        // What a unit wrote to `shared` or marked with `first_seen`: its later reads of it
+        // follow from its own inputs and are not recorded.
+        match &effect {
+            Effect::SharedSet(k, _) | Effect::SharedAppend(k, _) => {
+                if !self.wrote_shared.contains(k) {
+                    self.wrote_shared.insert(k.clone());
+                }
+            }
+            Effect::Seen(k) => {
+                if !self.wrote_seen.contains(k) {
+                    self.wrote_seen.insert(k.clone());
+                }
+            }
+            _ => {}
         }
         self.rec.effects.push(effect);
         self.undo.push(undo);
@@ -1358,9 +1372,7 @@ pub(super) fn same_behaviour(new: &Recording, old: &Recording) -> bool {
             }
             (Effect::Seen(a), Effect::Seen(b)) => a == b,
             (Effect::Status(k1, v1), Effect::Status(k2, v2)) => k1 == k2 && v1 == v2,
-            (Effect::File(k1, n1, c1), Effect::File(k2, n2, c2)) => {
-                k1 == k2 && n1 == n2 && c1 == c2
-            }
+            (Effect::File(f1), Effect::File(f2)) => f1 == f2,
             _ => false,
         })
 }
