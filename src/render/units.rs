@@ -1175,15 +1175,13 @@ impl Frame {
         // What a unit wrote to `shared` or marked with `first_seen`: its later reads of it
         // follow from its own inputs and are not recorded.
         match &effect {
-            Effect::SharedSet(k, _) | Effect::SharedAppend(k, _) => {
-                if !self.wrote_shared.contains(k) {
-                    self.wrote_shared.insert(k.clone());
-                }
+            Effect::SharedSet(k, _) | Effect::SharedAppend(k, _)
+                if !self.wrote_shared.contains(k) =>
+            {
+                self.wrote_shared.insert(k.clone());
             }
-            Effect::Seen(k) => {
-                if !self.wrote_seen.contains(k) {
-                    self.wrote_seen.insert(k.clone());
-                }
+            Effect::Seen(k) if !self.wrote_seen.contains(k) => {
+                self.wrote_seen.insert(k.clone());
             }
             _ => {}
         }
