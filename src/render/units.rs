@@ -210,7 +210,10 @@ pub enum Undo {
     SharedSet(String, Option<Value>),
     SharedAppend(String),
     Seen(String),
-    Status(Box<super::context::StatusKey>, Option<Arc<serde_json::Value>>),
+    Status(
+        Box<super::context::StatusKey>,
+        Option<Arc<serde_json::Value>>,
+    ),
     File(String),
     Nothing,
 }
