@@ -164,13 +164,30 @@ fn post_process(text: &str, steps: &[RegexReplace]) -> String {
 
 /// Applies the replacements to one line (no new line in it).
 fn post_process_line(line: &str, steps: &[RegexReplace], out: &mut String) {
+    let Some((last, first)) = steps.split_last() else {
+        out.push_str(line);
+        return;
+    };
     let mut line = std::borrow::Cow::Borrowed(line);
-    for step in steps {
+    for step in first {
         if let Some(changed) = step.apply(&line) {
             line = std::borrow::Cow::Owned(changed);
         }
     }
-    out.push_str(&line);
+    // The indentation normaliser, usually the last step, writes straight into the output
+    // instead of building each indented line anew.
+    if last.leading_spaces {
+        let rest = line.trim_start_matches(' ');
+        if rest.len() < line.len() {
+            out.push_str(&last.replace);
+        }
+        out.push_str(rest);
+        return;
+    }
+    match last.apply(&line) {
+        Some(changed) => out.push_str(&changed),
+        None => out.push_str(&line),
+    }
 }
 
 /// One output template: haproxy.cfg, a map, a file or a certificate.

@@ -625,26 +625,40 @@ fn same(a: &Value, b: &Value) -> bool {
         }
     }
     match a.kind() {
-        ValueKind::Seq => {
+        ValueKind::Seq | ValueKind::Map => {
+            // Lengths first: most arguments that differ differ in length, and an empty list
+            // (a unit's argument built afresh on every render) is then equal at once.
+            match (a.len(), b.len()) {
+                (Some(0), Some(0)) => return true,
+                (Some(x), Some(y)) if x != y => return false,
+                _ => {}
+            }
             let (Ok(x), Ok(y)) = (a.try_iter(), b.try_iter()) else {
                 return false;
             };
-            let (x, y): (Vec<Value>, Vec<Value>) = (x.collect(), y.collect());
-            x.len() == y.len() && x.iter().zip(&y).all(|(p, q)| same(p, q))
-        }
-        ValueKind::Map => {
-            let (Ok(x), Ok(y)) = (a.try_iter(), b.try_iter()) else {
-                return false;
-            };
-            let (x, y): (Vec<Value>, Vec<Value>) = (x.collect(), y.collect());
-            x.len() == y.len()
-                && x.iter().zip(&y).all(|(p, q)| {
-                    p == q
-                        && same(
-                            &a.get_item(p).unwrap_or_default(),
-                            &b.get_item(q).unwrap_or_default(),
-                        )
-                })
+            let mut x = x.fuse();
+            let mut y = y.fuse();
+            let seq = a.kind() == ValueKind::Seq;
+            loop {
+                match (x.next(), y.next()) {
+                    (None, None) => return true,
+                    (Some(p), Some(q)) => {
+                        let equal = if seq {
+                            same(&p, &q)
+                        } else {
+                            p == q
+                                && same(
+                                    &a.get_item(&p).unwrap_or_default(),
+                                    &b.get_item(&q).unwrap_or_default(),
+                                )
+                        };
+                        if !equal {
+                            return false;
+                        }
+                    }
+                    _ => return false,
+                }
+            }
         }
         _ => a == b && a.is_safe() == b.is_safe(),
     }
