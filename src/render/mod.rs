@@ -474,8 +474,8 @@ impl Engine {
             .filter_map(|(output, id, first, last)| {
                 let i = instances.get(id)?;
                 Some(UnitSpan {
-                    unit: Arc::new(i.unit.clone()),
-                    owner: Arc::new(i.owner.clone()),
+                    unit: i.unit.clone(),
+                    owner: i.owner.clone(),
                     output,
                     first,
                     last,

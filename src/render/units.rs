@@ -437,8 +437,9 @@ impl Scope {
 }
 
 pub(super) struct Instance {
-    pub unit: UnitKey,
-    pub owner: Owner,
+    /// Shared with the render's unit spans.
+    pub unit: Arc<UnitKey>,
+    pub owner: Arc<Owner>,
     pub fresh: bool,
 }
 
@@ -1100,8 +1101,8 @@ impl Scope {
         let id = self.instances.len();
         note_top_call(ukey, Some(id));
         self.instances.push(Instance {
-            unit: ukey.clone(),
-            owner: owner.clone(),
+            unit: Arc::new(ukey.clone()),
+            owner: Arc::new(owner.clone()),
             fresh,
         });
         marked(id, text)
