@@ -142,6 +142,20 @@ impl RegexReplace {
             std::borrow::Cow::Borrowed(_) => None,
         }
     }
+
+    /// Appends the line with the step applied to `out`; the indentation normaliser without
+    /// building the line anew.
+    fn write(&self, line: &str, out: &mut String) {
+        if self.leading_spaces {
+            let rest = line.trim_start_matches(' ');
+            if rest.len() < line.len() {
+                out.push_str(&self.replace);
+            }
+            out.push_str(rest);
+            return;
+        }
+        out.push_str(&self.regex.replace_all(line, self.replace.as_str()));
+    }
 }
 
 /// Applies regex replacements line by line and ends the output with exactly one newline.
@@ -174,20 +188,7 @@ fn post_process_line(line: &str, steps: &[RegexReplace], out: &mut String) {
             line = std::borrow::Cow::Owned(changed);
         }
     }
-    // The indentation normaliser, usually the last step, writes straight into the output
-    // instead of building each indented line anew.
-    if last.leading_spaces {
-        let rest = line.trim_start_matches(' ');
-        if rest.len() < line.len() {
-            out.push_str(&last.replace);
-        }
-        out.push_str(rest);
-        return;
-    }
-    match last.apply(&line) {
-        Some(changed) => out.push_str(&changed),
-        None => out.push_str(&line),
-    }
+    last.write(&line, out);
 }
 
 /// One output template: haproxy.cfg, a map, a file or a certificate.
