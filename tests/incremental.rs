@@ -305,7 +305,7 @@ impl Cluster {
 }
 
 fn describe(r: &Rendered) -> String {
-    let mut out = r.haproxy_cfg.clone();
+    let mut out = r.haproxy_cfg.to_string();
     for f in &r.files {
         out.push_str(&format!("\n=== {} ===\n{}", f.path, f.content));
     }

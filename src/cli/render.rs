@@ -90,7 +90,7 @@ pub(super) fn run(args: &[String]) -> CommandResult {
     );
     let sources = crate::config::describe_sources(&files);
     let spec = crate::config::load_files(&files)
-        .and_then(|d| d.valid_spec(&sources))
+        .and_then(|d| d.runtime_spec(&sources))
         .map_err(|e| e.to_string())?;
     let engine = Engine::new(&spec).map_err(|e| format!("{sources}: {e}"))?;
 

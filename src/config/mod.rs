@@ -102,6 +102,15 @@ impl ConfigDocument {
         Ok(spec)
     }
 
+    /// The spec a controller or `haptic render` runs: typed and valid, with its validation
+    /// tests checked and then dropped. Only `haptic validate` runs them; kept, their fixtures
+    /// would stay in memory for the life of the process (about 4 MB for the six libraries).
+    pub fn runtime_spec(&self, source: &str) -> Result<Spec, ConfigError> {
+        let mut spec = self.valid_spec(source)?;
+        spec.validation_tests = Default::default();
+        Ok(spec)
+    }
+
     /// The document as YAML: a full manifest when any fragment had metadata, else a bare spec.
     pub fn to_yaml(&self) -> String {
         let value = match &self.metadata {

@@ -28,7 +28,7 @@ pub(crate) fn validate_config_object(object: &Value, source: &str) -> Result<Act
         metadata: object.get("metadata").cloned(),
         spec: object.get("spec").cloned().unwrap_or(Value::Null),
     };
-    let spec = doc.valid_spec(source).map_err(|e| e.to_string())?;
+    let spec = doc.runtime_spec(source).map_err(|e| e.to_string())?;
     let engine = Engine::new(&spec).map_err(|e| e.to_string())?;
     Ok(ActiveConfig {
         spec,
@@ -37,7 +37,8 @@ pub(crate) fn validate_config_object(object: &Value, source: &str) -> Result<Act
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0),
-        raw: object.clone(),
+        raw: serde_json::to_string_pretty(object).unwrap_or_default(),
+        spec_json: super::state::spec_json(object),
     })
 }
 
@@ -135,7 +136,7 @@ impl ConfigWatcher {
         if self
             .active
             .as_ref()
-            .is_some_and(|a| a.raw.get("spec") == object.get("spec"))
+            .is_some_and(|a| a.spec_json == super::state::spec_json(&object))
         {
             return None;
         }

@@ -22,8 +22,20 @@ pub(crate) struct ActiveConfig {
     pub spec: Spec,
     pub engine: Engine,
     pub generation: i64,
-    /// The raw object as read, for `/debug/config`.
-    pub raw: serde_json::Value,
+    /// The object as read, as JSON text, for `/debug/config` (text: a parsed tree of the
+    /// six libraries' templates would cost several times its size for the process's life).
+    pub raw: String,
+    /// Its spec as JSON: a new version with the same spec (our own status writes) changes
+    /// nothing.
+    pub spec_json: String,
+}
+
+/// A config object's `spec` as JSON (serde_json writes a given value one way).
+pub(crate) fn spec_json(object: &serde_json::Value) -> String {
+    object
+        .get("spec")
+        .map(|s| s.to_string())
+        .unwrap_or_default()
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

@@ -219,17 +219,19 @@ pub struct RenderedFile {
     pub name: String,
     /// Relative to the directory of haproxy.cfg.
     pub path: String,
-    pub content: String,
+    pub content: Arc<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rendered {
-    pub haproxy_cfg: String,
+    /// The texts and spans are shared with the render cache, which keeps the last render for
+    /// splicing the next (`Arc::make_mut` copies them only while someone else holds them).
+    pub haproxy_cfg: Arc<String>,
     pub files: Vec<RenderedFile>,
     /// Shared with the render cache (a splice reuses them).
     pub statuses: Arc<Vec<StatusUpdate>>,
     /// Where each render unit's output landed, in render order.
-    pub units: Vec<UnitSpan>,
+    pub units: Arc<Vec<UnitSpan>>,
     /// Objects left out of this configuration, and why.
     pub dropped: Vec<Dropped>,
     /// Auxiliary files registered by render units, with the owner of the unit.
@@ -244,10 +246,10 @@ impl Rendered {
             .map(|f| BundleFile {
                 kind: f.kind,
                 path: f.path.clone(),
-                content: f.content.clone().into_bytes(),
+                content: f.content.as_bytes().to_vec(),
             })
             .collect();
-        Bundle::new(self.haproxy_cfg.clone(), files)
+        Bundle::new(self.haproxy_cfg.to_string(), files)
     }
 }
 
@@ -506,15 +508,15 @@ impl Engine {
                 kind: registered.kind,
                 name,
                 path: registered.path,
-                content: registered.content,
+                content: Arc::new(registered.content),
             });
         }
         files.sort_by(|a, b| a.path.cmp(&b.path));
         let rendered = Rendered {
-            haproxy_cfg,
+            haproxy_cfg: Arc::new(haproxy_cfg),
             files,
             statuses: Arc::new(status.take()),
-            units,
+            units: Arc::new(units),
             dropped,
             file_owners,
         };
@@ -600,7 +602,7 @@ impl Engine {
                         kind,
                         name: output.name.clone(),
                         path,
-                        content: text,
+                        content: Arc::new(text),
                     });
                 }
             }

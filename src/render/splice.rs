@@ -190,26 +190,25 @@ impl LastRender {
             if pre.marks.len() != called {
                 return None; // nested units, or a unit printed twice or not at all
             }
-            let by_id: HashMap<usize, Mark> = pre.marks.iter().map(|m| (m.id, *m)).collect();
+            // The marks are in text order: printed in call order, the n-th printed call is
+            // the n-th mark.
+            let mut marks = pre.marks.iter();
             let mut calls = Vec::with_capacity(trace.calls.len());
-            let mut end = 0;
             for call in trace.calls {
                 let rec = Arc::clone(&cache.entries.get(&call.unit)?.rec);
                 let at = match call.instance {
                     None => None,
                     Some(id) => {
-                        let mark = *by_id.get(&id)?;
+                        let mark = *marks.next().filter(|m| m.id == id)?;
                         let text = match &*cache.entries.get(&call.unit)?.outcome {
                             Ok(text) => text,
                             Err(_) => return None,
                         };
-                        if mark.start < end
-                            || text.contains(MARK_START)
+                        if text.contains(MARK_START)
                             || pre.text.get(mark.start..mark.end)? != text.as_str()
                         {
                             return None;
                         }
-                        end = mark.end;
                         let span =
                             *span_index.get(&(name.as_str(), mark.first, mark.last, &call.unit))?;
                         Some((mark, span))
@@ -293,7 +292,7 @@ impl LastRender {
 
     /// The units of the kept render have passed `haproxy -c`.
     pub(super) fn mark_validated(&mut self) {
-        for span in &mut self.rendered.units {
+        for span in Arc::make_mut(&mut self.rendered.units) {
             span.fresh = false;
         }
     }
@@ -422,6 +421,7 @@ impl Engine {
         let mut at: Vec<(usize, usize)> = texts.keys().flat_map(|u| last.places_of(u)).collect();
         at.sort_unstable();
         let rendered = &mut last.rendered;
+        let units = Arc::make_mut(&mut rendered.units);
         // Dirty units' new recordings, with their old ones and their place.
         let mut new_readers: Vec<(Arc<Recording>, Arc<Recording>, Reader)> = Vec::new();
         for (o, (output, state)) in self.outputs.iter().zip(&mut last.outputs).enumerate() {
@@ -450,7 +450,7 @@ impl Engine {
                         mark.last = mark.first + newlines;
                         bytes += text.len() as isize - (old.end - old.start) as isize;
                         lines += newlines as isize - (old.last - old.first) as isize;
-                        rendered.units[*span].fresh = true;
+                        units[*span].fresh = true;
                         changed.push((old, *mark, text.as_str()));
                     }
                     None => {
@@ -458,7 +458,7 @@ impl Engine {
                         mark.last = shift(old.last, lines);
                     }
                 }
-                let s = &mut rendered.units[*span];
+                let s = &mut units[*span];
                 s.first = mark.first;
                 s.last = mark.last;
             }
@@ -467,8 +467,8 @@ impl Engine {
                 state.pre.replace_range(old.start..old.end, text);
             }
             let post = match state.file {
-                None => &mut rendered.haproxy_cfg,
-                Some(i) => &mut rendered.files[i].content,
+                None => Arc::make_mut(&mut rendered.haproxy_cfg),
+                Some(i) => Arc::make_mut(&mut rendered.files[i].content),
             };
             if !splice_post(post, &state.pre, &changed, &output.post) {
                 *post = super::post_process(&state.pre, &output.post);

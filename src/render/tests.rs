@@ -64,7 +64,9 @@ fn inputs(objects: &[Arc<Doc>]) -> RenderInputs {
 
 fn render(template: &str, objects: &[Arc<Doc>]) -> Result<String, RenderError> {
     let engine = Engine::new(&spec_with(template, &[], &[])).unwrap();
-    engine.render(&inputs(objects)).map(|r| r.haproxy_cfg)
+    engine
+        .render(&inputs(objects))
+        .map(|r| r.haproxy_cfg.to_string())
 }
 
 #[test]
@@ -109,7 +111,8 @@ fn snippets_glob_in_name_order() {
             .unwrap()
             .render(&inputs(&[]))
             .unwrap()
-            .haproxy_cfg,
+            .haproxy_cfg
+            .as_str(),
         "AB\n"
     );
 }
@@ -123,7 +126,7 @@ fn shared_first_seen_and_files_span_the_render() {
     );
     let out = Engine::new(&spec).unwrap().render(&inputs(&[])).unwrap();
     assert_eq!(
-        out.haproxy_cfg,
+        out.haproxy_cfg.as_str(),
         "True False ssl/x_example_com.pem maps/h.map\n"
     );
     assert_eq!(out.files.len(), 2);
@@ -300,7 +303,7 @@ fn leading_space_normaliser_matches_the_regex() {
 fn status_set_is_collected() {
     let spec = spec_with("{{ status.set('networking.k8s.io/v1', 'Ingress', 'ns', 'web', {'loadBalancer': {'ingress': [{'ip': '10.0.0.1'}]}}) }}ok", &[], &[]);
     let out = Engine::new(&spec).unwrap().render(&inputs(&[])).unwrap();
-    assert_eq!(out.haproxy_cfg, "ok\n");
+    assert_eq!(out.haproxy_cfg.as_str(), "ok\n");
     assert_eq!(out.statuses.len(), 1);
     assert_eq!(
         *out.statuses[0].status,
@@ -324,7 +327,8 @@ fn current_config_and_pods() {
             .unwrap()
             .render(&inp)
             .unwrap()
-            .haproxy_cfg,
+            .haproxy_cfg
+            .as_str(),
         "SRV_1=10.1.1.1:80 1\n"
     );
 }
@@ -381,7 +385,7 @@ fn a_failing_unit_leaves_its_whole_owner_out_and_nothing_else() {
         ]))
         .unwrap();
     assert_eq!(
-        out.haproxy_cfg,
+        out.haproxy_cfg.as_str(),
         "\nbackend x port 80\nbackend y port 80routes: x y\n"
     );
     assert_eq!(out.dropped.len(), 1);
@@ -505,9 +509,9 @@ fn port(name: &str, value: serde_json::Value) -> Arc<Doc> {
 fn both(engine: &Engine, cluster: &Cluster, cache: &mut RenderCache) -> Rendered {
     let incremental = engine.render_cached(&cluster.inputs(), cache).unwrap();
     let mut full = engine.render(&cluster.inputs()).unwrap();
-    let mut spans = incremental.units.clone();
+    let mut spans = (*incremental.units).clone();
     spans.sort_by(|a, b| (&a.output, a.first, &a.unit).cmp(&(&b.output, b.first, &b.unit)));
-    full.units
+    Arc::make_mut(&mut full.units)
         .sort_by(|a, b| (&a.output, a.first, &a.unit).cmp(&(&b.output, b.first, &b.unit)));
     let strip = |s: &[UnitSpan]| {
         s.iter()

@@ -89,7 +89,12 @@ pub(crate) fn start_health(
             ),
             "/debug/config" => {
                 let raw = lock(&shared.config).as_ref().map(|c| c.raw.clone());
-                reply(request, 200, "application/json", json(&raw))
+                reply(
+                    request,
+                    200,
+                    "application/json",
+                    raw.unwrap_or("null".into()),
+                )
             }
             "/debug/rendered" => {
                 let cfg = lock(&shared.render).haproxy_cfg.clone().unwrap_or_default();

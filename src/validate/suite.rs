@@ -306,7 +306,7 @@ impl AssertionContext<'_> {
                 .unwrap_or_default()),
             Target::HaproxyCfg => Ok(self
                 .rendered
-                .map(|r| r.haproxy_cfg.clone())
+                .map(|r| r.haproxy_cfg.to_string())
                 .unwrap_or_default()),
             Target::File(kind, name) => {
                 let files = &self
@@ -318,7 +318,7 @@ impl AssertionContext<'_> {
                 same_kind
                     .iter()
                     .find(|f| f.name == *name || f.name == sanitized)
-                    .map(|f| f.content.clone())
+                    .map(|f| f.content.to_string())
                     .ok_or_else(|| {
                         let names: Vec<&str> = same_kind.iter().map(|f| f.name.as_str()).collect();
                         format!(
