@@ -134,7 +134,7 @@ pub(super) fn run(args: &[String]) -> CommandResult {
     let validated = render_validated(
         &engine,
         &inputs,
-        &mut RenderCache::new(),
+        &mut RenderCache::once(),
         &mut |_| validate,
         &mut |b| check_bundle(&bin, b),
     )

@@ -520,7 +520,7 @@ impl Engine {
             dropped,
             file_owners,
         };
-        if let Some(traces) = traces {
+        if let Some(traces) = traces.filter(|_| !cache.once) {
             let names: Vec<(String, Option<String>)> = self
                 .outputs
                 .iter()

@@ -69,7 +69,7 @@ struct OutputState {
 
 /// A unit called at an output's top level, and where its text is.
 struct Placed {
-    unit: UnitKey,
+    unit: Arc<UnitKey>,
     /// Its recording (as in the cache).
     rec: Arc<Recording>,
     /// Its text in `pre` and its span in `Rendered::units`; `None` when left out.
@@ -233,12 +233,15 @@ impl LastRender {
         }
         let called: std::collections::HashSet<&UnitKey> = outputs
             .iter()
-            .flat_map(|o| o.calls.iter().filter(|c| c.at.is_some()).map(|c| &c.unit))
+            .flat_map(|o| o.calls.iter().filter(|c| c.at.is_some()).map(|c| &*c.unit))
             .collect();
         let others: Vec<Arc<Recording>> = cache
             .entries
             .iter()
-            .filter(|(k, _)| !called.contains(k))
+            .filter(|(k, _)| {
+                let k: &UnitKey = k;
+                !called.contains(&k)
+            })
             .map(|(_, e)| Arc::clone(&e.rec))
             .collect();
         let mut excluded: Vec<Owner> = cache.excluded.keys().cloned().collect();
@@ -286,7 +289,7 @@ impl LastRender {
             .iter()
             .take_while(|p| p.0 == hash)
             .map(|&(_, o, c)| (o as usize, c as usize))
-            .filter(|&(o, c)| self.outputs[o].calls[c].unit == *unit)
+            .filter(|&(o, c)| *self.outputs[o].calls[c].unit == *unit)
             .collect()
     }
 
@@ -357,7 +360,7 @@ impl Engine {
         // Only the readers of what changed are checked. A top level, a left-out owner's unit
         // or a unit used only in an earlier pass that read something else takes the full
         // render (the same objects must be left out again).
-        let mut dirty: Vec<UnitKey> = Vec::new();
+        let mut dirty: Vec<Arc<UnitKey>> = Vec::new();
         let calls: usize = last.outputs.iter().map(|o| o.calls.len()).sum();
         let max_spliced = (calls / 4).max(MIN_SPLICED);
         let mut candidates: Vec<Reader> = Vec::new();
@@ -409,7 +412,7 @@ impl Engine {
                 dirty.push(call.unit.clone());
             }
         }
-        let mut texts: HashMap<UnitKey, (String, Arc<Recording>)> = HashMap::new();
+        let mut texts: HashMap<Arc<UnitKey>, (String, Arc<Recording>)> = HashMap::new();
         for unit in &dirty {
             let text = self.rerender(inputs, paths, cache, unit, last.passes)?;
             let rec = Arc::clone(&cache.entries.get(unit)?.rec);
@@ -528,16 +531,12 @@ impl Engine {
             return None;
         }
         let generation = cache.generation;
-        cache.entries.insert(
-            unit.clone(),
-            units::Entry {
-                args,
-                rec: Arc::new(rec),
-                outcome: Arc::new(Ok(text.clone())),
-                generation,
-                validated: false,
-            },
-        );
+        let entry = cache.entries.get_mut(unit)?;
+        entry.args = args;
+        entry.rec = Arc::new(rec);
+        entry.outcome = Arc::new(Ok(text.clone()));
+        entry.generation = generation;
+        entry.validated = false;
         Some(text)
     }
 }

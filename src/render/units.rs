@@ -242,7 +242,7 @@ struct Frame {
 /// A unit called from the top level of an output template.
 #[derive(Debug, Clone)]
 pub(super) struct TopCall {
-    pub unit: UnitKey,
+    pub unit: Arc<UnitKey>,
     /// The output instance, or `None` when the owner was left out (excluded).
     pub instance: Option<usize>,
 }
@@ -256,6 +256,9 @@ pub(super) struct TopTrace {
 
 /// One memoized unit (recording and outcome shared: a replay clones pointers, not text).
 pub(super) struct Entry {
+    /// The unit's key and owner, shared with its instances and spans in every render.
+    pub unit: Arc<UnitKey>,
+    pub owner: Arc<Owner>,
     pub args: Vec<(String, Value)>,
     pub rec: Arc<Recording>,
     pub outcome: Arc<Result<String, String>>,
@@ -271,13 +274,15 @@ pub struct RenderCache {
     engine_id: u64,
     context: Option<serde_json::Map<String, serde_json::Value>>,
     base_dir: Option<String>,
-    pub(super) entries: HashMap<UnitKey, Entry>,
+    pub(super) entries: HashMap<Arc<UnitKey>, Entry>,
     pub(super) generation: u64,
     /// Owners left out because `haproxy -c` rejected their lines, with the reason; they stay
     /// out while their units would replay unchanged.
     pub(super) excluded: HashMap<Owner, String>,
     /// The last render, kept for splicing the next one (`splice`).
     pub(super) last: Option<Box<super::splice::LastRender>>,
+    /// The caller renders once (`haptic render`): no last render is kept.
+    pub(super) once: bool,
     pub stats: CacheStats,
 }
 
@@ -305,6 +310,17 @@ pub struct CacheStats {
 impl RenderCache {
     pub fn new() -> RenderCache {
         RenderCache::default()
+    }
+
+    /// For a process that renders one configuration and exits (`haptic render`): units are
+    /// memoized (re-renders that leave rejected objects out replay the rest), but the last
+    /// render is not kept for splicing, which only a later change would use. At 10,000
+    /// Ingresses that index and its copy of the unmarked texts are about 10 MB.
+    pub fn once() -> RenderCache {
+        RenderCache {
+            once: true,
+            ..RenderCache::default()
+        }
     }
 
     /// Whether the entries belong to this engine and extraContext.
@@ -499,11 +515,11 @@ pub(super) fn end_output() {
 }
 
 /// Notes a unit called from an output's top level.
-fn note_top_call(unit: &UnitKey, instance: Option<usize>) {
+fn note_top_call(unit: &Arc<UnitKey>, instance: Option<usize>) {
     with_frame(|frame| {
         if let Some(calls) = &mut frame.top {
             calls.push(TopCall {
-                unit: unit.clone(),
+                unit: Arc::clone(unit),
                 instance,
             });
         }
@@ -944,11 +960,11 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
 
     match with_scope(|s| skip_reason(s, &ukey, &owner, &args)).flatten() {
         Some(Skip::Silent) => {
-            note_top_call(&ukey, None);
+            note_top_call(&Arc::new(ukey), None);
             return Ok(Value::from_safe_string(String::new()));
         }
         Some(Skip::Report(message)) => {
-            note_top_call(&ukey, None);
+            note_top_call(&Arc::new(ukey), None);
             with_scope(|s| s.drop_owner(&owner, message));
             return Ok(Value::from_safe_string(String::new()));
         }
@@ -1068,8 +1084,9 @@ fn try_replay(
             }
             s.note_files(&rec, owner);
             s.cache.stats.replayed += 1;
-            let fresh = !s.cache.entries.get(ukey).is_some_and(|e| e.validated);
-            Some(Ok(s.instance(ukey, owner, fresh, text)))
+            let e = s.cache.entries.get(ukey)?;
+            let (fresh, unit, owner) = (!e.validated, e.unit.clone(), e.owner.clone());
+            Some(Ok(s.instance(unit, owner, fresh, text)))
         }
         Err(message) => {
             s.drop_owner(owner, message.clone());
@@ -1097,14 +1114,16 @@ impl Scope {
         }
     }
 
-    fn instance(&mut self, ukey: &UnitKey, owner: &Owner, fresh: bool, text: &str) -> Value {
+    fn instance(
+        &mut self,
+        unit: Arc<UnitKey>,
+        owner: Arc<Owner>,
+        fresh: bool,
+        text: &str,
+    ) -> Value {
         let id = self.instances.len();
-        note_top_call(ukey, Some(id));
-        self.instances.push(Instance {
-            unit: Arc::new(ukey.clone()),
-            owner: Arc::new(owner.clone()),
-            fresh,
-        });
+        note_top_call(&unit, Some(id));
+        self.instances.push(Instance { unit, owner, fresh });
         marked(id, text)
     }
 
@@ -1131,18 +1150,19 @@ impl Scope {
         outcome: Result<String, String>,
     ) -> Value {
         let generation = self.cache.generation;
+        let (unit, owner) = (Arc::new(ukey), Arc::new(owner));
         let value = match &outcome {
             Ok(text) => {
                 self.cache.stats.rendered += 1;
                 self.note_files(&rec, &owner);
-                with_frame(|parent| parent.absorb(&rec, undos, &ukey));
-                self.instance(&ukey, &owner, true, text)
+                with_frame(|parent| parent.absorb(&rec, undos, &unit));
+                self.instance(unit.clone(), owner.clone(), true, text)
             }
             Err(message) => {
                 for u in undos.into_iter().rev() {
                     undo(self, u);
                 }
-                with_frame(|parent| parent.adopt_reads(&rec, &ukey));
+                with_frame(|parent| parent.adopt_reads(&rec, &unit));
                 self.drop_owner(&owner, message.clone());
                 Value::from_safe_string(String::new())
             }
@@ -1161,9 +1181,17 @@ impl Scope {
         rec.effects.shrink_to_fit();
         rec.children.shrink_to_fit();
         self.cache.entries.insert(
-            ukey,
+            unit.clone(),
             Entry {
-                args: args.iter().map(|(k, v)| (k.clone(), freeze(v))).collect(),
+                unit,
+                owner,
+                args: args
+                    .into_iter()
+                    .map(|(k, v)| {
+                        let v = freeze(&v);
+                        (k, v)
+                    })
+                    .collect(),
                 rec: Arc::new(rec),
                 outcome: Arc::new(outcome),
                 generation,
