@@ -185,7 +185,7 @@ fn main() {
             .render_cached(&inputs(with(&variants[1])), &mut cache)
             .expect("render");
         assert_ne!(
-            old_bundle.haproxy_cfg, *new_rendered.haproxy_cfg,
+            old_bundle.haproxy_cfg, new_rendered.haproxy_cfg,
             "the two renders differ by one endpoint"
         );
         let timed = |f: &mut dyn FnMut()| {

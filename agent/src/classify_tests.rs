@@ -25,7 +25,7 @@ fn bundle(cfg: &str, files: &[(FileKind, &str, &str)]) -> Bundle {
             content: content.as_bytes().to_vec(),
         })
         .collect();
-    Bundle::new(cfg.into(), files)
+    Bundle::new(cfg.to_string(), files)
 }
 
 fn base_files(map: &str, list: &str) -> Vec<(FileKind, &'static str, String)> {

@@ -10,8 +10,8 @@
 //! use haptic_agent::classify::{classify, Classification};
 //! use haptic_agent::protocol::Bundle;
 //!
-//! let old = Bundle::new("backend be\n  server SRV_1 10.0.0.1:80 enabled\n".into(), vec![]);
-//! let new = Bundle::new("backend be\n  server SRV_1 10.0.0.2:80 enabled # moved\n".into(), vec![]);
+//! let old = Bundle::new("backend be\n  server SRV_1 10.0.0.1:80 enabled\n".to_string(), vec![]);
+//! let new = Bundle::new("backend be\n  server SRV_1 10.0.0.2:80 enabled # moved\n".to_string(), vec![]);
 //! let plan = classify(&old, &new);
 //! assert_eq!(plan.commands(), ["set server be/SRV_1 addr 10.0.0.2 port 80"]);
 //! assert!(matches!(plan, Classification::Runtime(_)));

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -88,14 +89,18 @@ impl fmt::Display for BundleHash {
 /// compare and hash equal whatever order the renderer produced them in.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Bundle {
-    pub haproxy_cfg: String,
+    /// Shared (the controller's render keeps the same text for its next change).
+    pub haproxy_cfg: Arc<String>,
     pub files: Vec<BundleFile>,
 }
 
 impl Bundle {
-    pub fn new(haproxy_cfg: String, mut files: Vec<BundleFile>) -> Bundle {
+    pub fn new(haproxy_cfg: impl Into<Arc<String>>, mut files: Vec<BundleFile>) -> Bundle {
         files.sort_by(|a, b| a.path.cmp(&b.path));
-        Bundle { haproxy_cfg, files }
+        Bundle {
+            haproxy_cfg: haproxy_cfg.into(),
+            files,
+        }
     }
 
     /// sha256 over a length-framed encoding: a version tag, the config, then per file (sorted by
@@ -214,7 +219,7 @@ impl Bundle {
             })
             .collect();
         WireBundle {
-            haproxy_cfg: self.haproxy_cfg.clone(),
+            haproxy_cfg: self.haproxy_cfg.to_string(),
             files,
         }
     }
@@ -420,7 +425,7 @@ mod tests {
     #[test]
     fn bundle_hash_known_answer() {
         let bundle = Bundle::new(
-            "global\n".into(),
+            "global\n".to_string(),
             vec![
                 BundleFile {
                     kind: FileKind::Map,
@@ -443,7 +448,7 @@ mod tests {
     #[test]
     fn wire_round_trip_keeps_binary_files_and_refuses_bad_input() {
         let bundle = Bundle::new(
-            "global\n".into(),
+            "global\n".to_string(),
             vec![
                 file("maps/a", "k v\n"),
                 BundleFile {
@@ -489,10 +494,19 @@ mod tests {
 
     #[test]
     fn hash_ignores_file_order_but_not_framing() {
-        let a = Bundle::new("cfg".into(), vec![file("maps/a", "1"), file("maps/b", "2")]);
-        let b = Bundle::new("cfg".into(), vec![file("maps/b", "2"), file("maps/a", "1")]);
+        let a = Bundle::new(
+            "cfg".to_string(),
+            vec![file("maps/a", "1"), file("maps/b", "2")],
+        );
+        let b = Bundle::new(
+            "cfg".to_string(),
+            vec![file("maps/b", "2"), file("maps/a", "1")],
+        );
         assert_eq!(a.hash(), b.hash());
-        let c = Bundle::new("cfg".into(), vec![file("maps/a", "1maps/b"), file("", "2")]);
+        let c = Bundle::new(
+            "cfg".to_string(),
+            vec![file("maps/a", "1maps/b"), file("", "2")],
+        );
         assert_ne!(a.hash(), c.hash());
         assert!(BundleHash::parse(a.hash().as_str()).is_some());
     }

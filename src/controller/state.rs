@@ -41,7 +41,9 @@ pub(crate) fn spec_json(object: &serde_json::Value) -> String {
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct RenderState {
     pub bundle: Option<String>,
-    pub haproxy_cfg: Option<String>,
+    /// Shared with the published bundle.
+    #[serde(skip)]
+    pub haproxy_cfg: Option<std::sync::Arc<String>>,
     pub last_error: Option<String>,
     pub last_success_at: Option<String>,
     pub renders: u64,

@@ -450,7 +450,7 @@ impl StatusWriter {
         let res = haproxycfg_resource();
         let ns = Some(self.namespace.as_str());
         let name = format!("{}-haproxycfg", self.config_name);
-        let spec = json!({"content": p.bundle.haproxy_cfg, "checksum": format!("sha256:{}", haptic_agent::protocol::sha256_hex(p.bundle.haproxy_cfg.as_bytes())), "bundle": p.hash.as_str()});
+        let spec = json!({"content": p.bundle.haproxy_cfg.as_str(), "checksum": format!("sha256:{}", haptic_agent::protocol::sha256_hex(p.bundle.haproxy_cfg.as_bytes())), "bundle": p.hash.as_str()});
         let pods = lock(&self.shared.pods).clone();
         let status = json!({"deployedToPods": pods.iter().filter(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str())).map(|pod| json!({
             "podName": pod.name, "deployedAt": pod.last_deployed_at, "checksum": p.hash.as_str(), "lastResult": pod.last_result})).collect::<Vec<_>>(),

@@ -388,7 +388,7 @@ mod tests {
     }
 
     fn bundle(text: &str, reload: bool, now: Instant) -> Arc<Published> {
-        let bundle = Bundle::new(text.into(), Vec::new());
+        let bundle = Bundle::new(text.to_string(), Vec::new());
         Arc::new(Published {
             hash: bundle.hash(),
             bundle,

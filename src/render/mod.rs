@@ -249,7 +249,7 @@ impl Rendered {
                 content: f.content.as_bytes().to_vec(),
             })
             .collect();
-        Bundle::new(self.haproxy_cfg.to_string(), files)
+        Bundle::new(Arc::clone(&self.haproxy_cfg), files)
     }
 }
 
@@ -404,6 +404,7 @@ impl Engine {
                 cache.prepare(self.id, &inputs.extra_context, &inputs.base_dir);
             }
             cache.stats = units::CacheStats::default();
+            let keep_pre = !cache.once;
             let (ctx, registry, status) = self.enter_scope(
                 inputs,
                 &paths,
@@ -411,7 +412,7 @@ impl Engine {
                 std::mem::take(cache),
                 failed.clone(),
             );
-            let outputs = self.render_outputs(&ctx, &paths);
+            let outputs = self.render_outputs(&ctx, &paths, keep_pre);
             let Some(scope) = units::leave() else {
                 return Err(RenderError {
                     template: MAIN_TEMPLATE.into(),
@@ -545,13 +546,15 @@ impl Engine {
         Ok(rendered)
     }
 
-    /// Renders every output template in order; returns haproxy.cfg, the files, and the unit
-    /// spans `(output, instance, first line, last line)`.
+    /// Renders every output template in order; returns haproxy.cfg, the files, the unit
+    /// spans `(output, instance, first line, last line)`, and (with `keep_pre`, for splicing)
+    /// each output's text before post-processing.
     #[allow(clippy::type_complexity)]
     fn render_outputs(
         &self,
         ctx: &Value,
         paths: &Paths,
+        keep_pre: bool,
     ) -> Result<
         (
             String,
@@ -581,12 +584,15 @@ impl Engine {
                 output.name,
                 started.elapsed().as_secs_f64() * 1000.0
             );
-            let (text, marks) = units::strip_markers(&text);
+            let (pre, marks) = units::strip_markers(&text);
+            // The marked text is the largest of the three (it has its buffer's slack).
+            drop(text);
             let name: Arc<str> = Arc::from(output.name.as_str());
             spans.extend(marks.iter().map(|m| (name.clone(), m.id, m.first, m.last)));
-            let post = post_process(&text, &output.post);
-            pres.push(splice::Pre { text, marks });
-            let text = post;
+            let text = post_process(&pre, &output.post);
+            if keep_pre {
+                pres.push(splice::Pre { text: pre, marks });
+            }
             match output.kind {
                 None => haproxy_cfg = text,
                 Some(kind) => {

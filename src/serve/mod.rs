@@ -98,7 +98,7 @@ pub(crate) fn start_health(
             }
             "/debug/rendered" => {
                 let cfg = lock(&shared.render).haproxy_cfg.clone().unwrap_or_default();
-                reply(request, 200, "text/plain", cfg)
+                reply(request, 200, "text/plain", cfg.to_string())
             }
             "/debug/pods" => {
                 let pods = lock(&shared.pods).clone();

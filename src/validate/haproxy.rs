@@ -81,7 +81,7 @@ impl Drop for TempDir {
 /// Writes haproxy.cfg and every file of the bundle under `dir`, refusing paths that would
 /// escape it.
 pub fn write_bundle(bundle: &Bundle, dir: &Path) -> std::io::Result<()> {
-    std::fs::write(dir.join("haproxy.cfg"), &bundle.haproxy_cfg)?;
+    std::fs::write(dir.join("haproxy.cfg"), bundle.haproxy_cfg.as_bytes())?;
     for file in &bundle.files {
         let relative = Path::new(&file.path);
         let safe = relative
