@@ -48,12 +48,12 @@ impl Object for RenderContext {
 /// A unit's context: its arguments, then the render's context (arguments win).
 #[derive(Debug)]
 pub(crate) struct UnitContext {
-    args: Vec<(String, Value)>,
+    args: Vec<(Arc<str>, Value)>,
     root: Value,
 }
 
 impl UnitContext {
-    pub(crate) fn value(args: &[(String, Value)], root: Value) -> Value {
+    pub(crate) fn value(args: &[(Arc<str>, Value)], root: Value) -> Value {
         Value::from_object(UnitContext {
             args: args.to_vec(),
             root,
@@ -69,7 +69,7 @@ impl Object for UnitContext {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
         let name = key.as_str()?;
         // The last argument of a name wins, as when they were collected into a map.
-        match self.args.iter().rev().find(|(k, _)| k == name) {
+        match self.args.iter().rev().find(|(k, _)| &**k == name) {
             Some((_, v)) => Some(v.clone()),
             None => match self.root.downcast_object_ref::<RenderContext>() {
                 Some(root) => root.names.get(name).cloned(),
@@ -79,11 +79,7 @@ impl Object for UnitContext {
     }
 
     fn enumerate(self: &Arc<Self>) -> Enumerator {
-        let mut names: Vec<Value> = self
-            .args
-            .iter()
-            .map(|(k, _)| Value::from(k.as_str()))
-            .collect();
+        let mut names: Vec<Value> = self.args.iter().map(|(k, _)| Value::from(&**k)).collect();
         if let Ok(root) = self.root.try_iter() {
             names.extend(root);
         }

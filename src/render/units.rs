@@ -259,7 +259,7 @@ pub(super) struct Entry {
     /// The unit's key and owner, shared with its instances and spans in every render.
     pub unit: Arc<UnitKey>,
     pub owner: Arc<Owner>,
-    pub args: Vec<(String, Value)>,
+    pub args: Vec<(Arc<str>, Value)>,
     pub rec: Arc<Recording>,
     pub outcome: Arc<Result<String, String>>,
     pub generation: u64,
@@ -689,7 +689,7 @@ fn same_opt(a: Option<&Value>, b: Option<&Value>) -> bool {
     }
 }
 
-fn same_args(a: &[(String, Value)], b: &[(String, Value)]) -> bool {
+fn same_args(a: &[(Arc<str>, Value)], b: &[(Arc<str>, Value)]) -> bool {
     a.len() == b.len()
         && a.iter()
             .zip(b)
@@ -928,7 +928,7 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
     // use, and `get` would record each name in a set on every call of every unit.
     let owner_value: Option<Value> = kwargs.peek("owner")?;
     let key: Option<String> = kwargs.peek("key")?;
-    let mut args: Vec<(String, Value)> = Vec::new();
+    let mut args: Vec<(Arc<str>, Value)> = Vec::new();
     for name in kwargs.args() {
         if name == "key" {
             continue;
@@ -936,7 +936,7 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
         // Compared as they are against a memoized unit's (frozen) arguments; frozen only when
         // a fresh recording is stored.
         let v: Value = kwargs.peek(name)?;
-        args.push((name.to_string(), v));
+        args.push((arg_name(name), v));
     }
     let owner = owner_value.as_ref().and_then(Owner::from_value);
     let key = match (key, &owner) {
@@ -1022,6 +1022,29 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
         .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "unit() outside a render"))
 }
 
+thread_local! {
+    /// Unit argument names, one allocation each: every cached unit keeps its arguments, and
+    /// the names are the templates' own. Bounded all the same, should a template ever splat
+    /// data into keyword arguments.
+    static ARG_NAMES: RefCell<HashSet<Arc<str>>> = RefCell::new(HashSet::new());
+}
+
+const MAX_ARG_NAMES: usize = 1024;
+
+fn arg_name(name: &str) -> Arc<str> {
+    ARG_NAMES.with(|names| {
+        let mut names = names.borrow_mut();
+        if let Some(known) = names.get(name) {
+            return Arc::clone(known);
+        }
+        let name: Arc<str> = Arc::from(name);
+        if names.len() < MAX_ARG_NAMES {
+            names.insert(Arc::clone(&name));
+        }
+        name
+    })
+}
+
 enum Skip {
     /// Already reported in this render.
     Silent,
@@ -1034,7 +1057,7 @@ fn skip_reason(
     s: &mut Scope,
     ukey: &UnitKey,
     owner: &Owner,
-    args: &[(String, Value)],
+    args: &[(Arc<str>, Value)],
 ) -> Option<Skip> {
     if s.failed.contains_key(owner) {
         s.touch(ukey);
@@ -1063,7 +1086,7 @@ fn try_replay(
     s: &mut Scope,
     ukey: &UnitKey,
     owner: &Owner,
-    args: &[(String, Value)],
+    args: &[(Arc<str>, Value)],
 ) -> Option<Result<Value, String>> {
     let e = s.cache.entries.get(ukey)?;
     if !same_args(&e.args, args) || !e.rec.reads.iter().all(|r| still_true(s, r)) {
@@ -1144,7 +1167,7 @@ impl Scope {
         &mut self,
         ukey: UnitKey,
         owner: Owner,
-        args: Vec<(String, Value)>,
+        args: Vec<(Arc<str>, Value)>,
         rec: Recording,
         undos: Vec<Undo>,
         outcome: Result<String, String>,
@@ -1353,7 +1376,7 @@ pub(super) fn note_collector_append(shared_key: Option<&str>, item: &Value) {
 pub(super) fn rerender(
     env: &minijinja::Environment<'_>,
     template: &str,
-    args: &[(String, Value)],
+    args: &[(Arc<str>, Value)],
 ) -> Option<(String, Recording)> {
     let root = with_scope(|s| s.root.clone())?;
     let ctx = super::objects::UnitContext::value(args, root);
