@@ -1093,6 +1093,7 @@ fn try_replay(
         return None;
     }
     let (rec, outcome) = (Arc::clone(&e.rec), Arc::clone(&e.outcome));
+    let (unit, cached_owner, fresh) = (Arc::clone(&e.unit), Arc::clone(&e.owner), !e.validated);
     s.touch(ukey);
     for child in &rec.children {
         s.touch(child);
@@ -1107,9 +1108,7 @@ fn try_replay(
             }
             s.note_files(&rec, owner);
             s.cache.stats.replayed += 1;
-            let e = s.cache.entries.get(ukey)?;
-            let (fresh, unit, owner) = (!e.validated, e.unit.clone(), e.owner.clone());
-            Some(Ok(s.instance(unit, owner, fresh, text)))
+            Some(Ok(s.instance(unit, cached_owner, fresh, text)))
         }
         Err(message) => {
             s.drop_owner(owner, message.clone());
