@@ -24,6 +24,7 @@ def num(v):
 
 def main():
     render, cli, watch, latency, bursts, setups, soak = {}, None, None, {}, {}, {}, None
+    warmups = {}
     for line in sys.stdin:
         line = line.strip()
         f = fields(line)
@@ -35,6 +36,8 @@ def main():
             watch = f
         elif line.startswith("latency setup "):
             setups[int(f["ingresses"])] = f
+        elif line.startswith("latency warmup "):
+            warmups[int(f["ingresses"])] = f
         elif line.startswith("latency burst "):
             bursts[int(f["ingresses"])] = f
         elif line.startswith("soak "):
@@ -81,6 +84,10 @@ def main():
             goal = 500
             label = f"new route p95, {n:,} Ingresses, standby {standby}"
         row(label, f"{p95:,.0f} ms (p50 {num(f['p50_ms']):,.0f})", f"< {goal} ms", "", p95 < goal)
+    for n, f in sorted(warmups.items()):
+        row(f"endpoint change p95 during warm-up, {n:,} Ingresses",
+            f"{num(f['p95_ms']):,.0f} ms (p50 {num(f['p50_ms']):,.0f})", "(not a goal: start-up)",
+            f"status writes settled in {num(f['until_spliced_s']):,.1f} s", None)
     for n, f in sorted(bursts.items()):
         settled, renders, reloads = num(f["settled_ms"]), int(f["renders"]), int(f["reload_pushes"])
         pods = max(int(f.get("pods", 1)), 1)

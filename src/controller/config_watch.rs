@@ -38,7 +38,7 @@ pub(crate) fn validate_config_object(object: &Value, source: &str) -> Result<Act
             .and_then(Value::as_i64)
             .unwrap_or(0),
         raw: serde_json::to_string_pretty(object).unwrap_or_default(),
-        spec_json: super::state::spec_json(object),
+        spec_hash: super::state::spec_hash(object),
     })
 }
 
@@ -136,7 +136,7 @@ impl ConfigWatcher {
         if self
             .active
             .as_ref()
-            .is_some_and(|a| a.spec_json == super::state::spec_json(&object))
+            .is_some_and(|a| a.spec_hash == super::state::spec_hash(&object))
         {
             return None;
         }

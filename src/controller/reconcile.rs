@@ -272,12 +272,16 @@ impl Reconciler {
             class,
             Some(Classification::NoChange) | Some(Classification::Runtime(_))
         );
+        let stats = s.cache.stats;
         log::info!(
-            "bundle={} rendered class={} config_bytes={} files={} checks={checks} in {} ms",
+            "bundle={} rendered class={} config_bytes={} files={} checks={checks} units={} ({} rendered, {}) in {} ms",
             &hash.as_str()[..12],
             class.as_ref().map(|c| c.result_name()).unwrap_or("initial"),
             bundle.haproxy_cfg.len(),
             bundle.files.len(),
+            stats.replayed + stats.rendered,
+            stats.rendered,
+            if stats.spliced { "spliced" } else { "full" },
             started.elapsed().as_millis()
         );
         // The next render's current_config: from the last one when it is the parse of the last

@@ -25,17 +25,29 @@ pub(crate) struct ActiveConfig {
     /// The object as read, as JSON text, for `/debug/config` (text: a parsed tree of the
     /// six libraries' templates would cost several times its size for the process's life).
     pub raw: String,
-    /// Its spec as JSON: a new version with the same spec (our own status writes) changes
-    /// nothing.
-    pub spec_json: String,
+    /// A hash of its spec's JSON: a new version with the same spec (our own status writes)
+    /// changes nothing.
+    pub spec_hash: u64,
 }
 
-/// A config object's `spec` as JSON (serde_json writes a given value one way).
-pub(crate) fn spec_json(object: &serde_json::Value) -> String {
-    object
-        .get("spec")
-        .map(|s| s.to_string())
-        .unwrap_or_default()
+/// A hash of a config object's `spec` as JSON (serde_json writes a given value one way),
+/// streamed: the spec of the six libraries is about 1 MB of text.
+pub(crate) fn spec_hash(object: &serde_json::Value) -> u64 {
+    use std::hash::Hasher;
+    struct HashWriter(std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for HashWriter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut w = HashWriter(std::collections::hash_map::DefaultHasher::new());
+    let spec = object.get("spec").unwrap_or(&serde_json::Value::Null);
+    let _ = serde_json::to_writer(&mut w, spec);
+    w.0.finish()
 }
 
 #[derive(Debug, Clone, Default, Serialize)]

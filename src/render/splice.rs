@@ -295,8 +295,10 @@ impl LastRender {
 
     /// The units of the kept render have passed `haproxy -c`.
     pub(super) fn mark_validated(&mut self) {
-        for span in Arc::make_mut(&mut self.rendered.units) {
-            span.fresh = false;
+        if self.rendered.units.iter().any(|s| s.fresh) {
+            for span in Arc::make_mut(&mut self.rendered.units) {
+                span.fresh = false;
+            }
         }
     }
 }
@@ -470,11 +472,18 @@ impl Engine {
                 state.pre.replace_range(old.start..old.end, text);
             }
             let post = match state.file {
-                None => Arc::make_mut(&mut rendered.haproxy_cfg),
-                Some(i) => Arc::make_mut(&mut rendered.files[i].content),
+                None => &mut rendered.haproxy_cfg,
+                Some(i) => &mut rendered.files[i].content,
             };
-            if !splice_post(post, &state.pre, &changed, &output.post) {
-                *post = super::post_process(&state.pre, &output.post);
+            // Copied (when the caller still holds the last render) only to be edited.
+            match splice_post(post, &state.pre, &changed, &output.post) {
+                Some(edits) => {
+                    let post = Arc::make_mut(post);
+                    for (from, to, lines) in edits.into_iter().rev() {
+                        post.replace_range(from..to, &lines);
+                    }
+                }
+                None => *post = Arc::new(super::post_process(&state.pre, &output.post)),
             }
         }
         cache.stats = units::CacheStats {
@@ -545,19 +554,19 @@ fn shift(line: usize, by: isize) -> usize {
     line.saturating_add_signed(by)
 }
 
-/// Post-processing (line by line) of only the lines the changed units touched, in place in
-/// the old output `post`; its other lines stay. `changed` holds, per changed unit in order,
-/// its old mark (lines) and its new mark in `pre`. `false` when the shortcut does not apply
-/// (a replacement that inserts new lines, or a change reaching the output's last line, where
-/// trailing new lines are trimmed).
+/// Post-processing (line by line) of only the lines the changed units touched: the edits to
+/// the old output `post` (byte range and new lines, in order); its other lines stay.
+/// `changed` holds, per changed unit in order, its old mark (lines) and its new mark in
+/// `pre`. `None` when the shortcut does not apply (a replacement that inserts new lines, or a
+/// change reaching the output's last line, where trailing new lines are trimmed).
 fn splice_post(
-    post: &mut String,
+    post: &str,
     pre: &str,
     changed: &[(Mark, Mark, &str)],
     steps: &[super::RegexReplace],
-) -> bool {
+) -> Option<Vec<(usize, usize, String)>> {
     if steps.iter().any(|s| s.replace.contains('\n')) {
-        return false;
+        return None;
     }
     // Whole lines: (old first, old last, new byte range), merged where they share a line.
     let mut ranges: Vec<(usize, usize, usize, usize)> = Vec::new();
@@ -577,7 +586,7 @@ fn splice_post(
         .last()
         .is_none_or(|r| pre[r.3..].trim_end_matches('\n').is_empty())
     {
-        return false;
+        return None;
     }
     // The byte where line `target` starts, moving forward from `line` at `pos`.
     let advance = |mut pos: usize, mut line: usize, target: usize| -> Option<usize> {
@@ -590,12 +599,8 @@ fn splice_post(
     let mut edits: Vec<(usize, usize, String)> = Vec::with_capacity(ranges.len());
     let (mut pos, mut line) = (0usize, 1usize);
     for &(first, last, start, end) in &ranges {
-        let Some(from) = advance(pos, line, first) else {
-            return false;
-        };
-        let Some(to) = advance(from, first, last + 1) else {
-            return false;
-        };
+        let from = advance(pos, line, first)?;
+        let to = advance(from, first, last + 1)?;
         let mut lines = String::with_capacity(end - start + 1);
         for l in pre[start..end].split('\n') {
             super::post_process_line(l, steps, &mut lines);
@@ -604,10 +609,7 @@ fn splice_post(
         edits.push((from, to, lines));
         (pos, line) = (to, last + 1);
     }
-    for (from, to, lines) in edits.into_iter().rev() {
-        post.replace_range(from..to, &lines);
-    }
-    true
+    Some(edits)
 }
 
 fn versions(inputs: &RenderInputs) -> Vec<(String, u64)> {

@@ -1172,7 +1172,13 @@ impl Scope {
         outcome: Result<String, String>,
     ) -> Value {
         let generation = self.cache.generation;
-        let (unit, owner) = (Arc::new(ukey), Arc::new(owner));
+        // A unit rendered again (its inputs changed) keeps the key its entry was stored
+        // under: the map keeps its old key on insert.
+        let unit = match self.cache.entries.get_key_value(&ukey) {
+            Some((known, _)) => Arc::clone(known),
+            None => Arc::new(ukey),
+        };
+        let owner = Arc::new(owner);
         let value = match &outcome {
             Ok(text) => {
                 self.cache.stats.rendered += 1;
