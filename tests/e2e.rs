@@ -323,6 +323,13 @@ fn endpoint_scaling_is_runtime_and_template_changes_apply_live() {
             rendered.contains("string fixed"),
             "every replica renders the new template"
         );
+        // The running config object, as the config watcher holds it.
+        let (_, config) = ctrl.get(ctrl.health_port, "/debug/config").unwrap();
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        assert!(
+            config["spec"].to_string().contains("string fixed"),
+            "/debug/config shows the config in effect: {config}"
+        );
     }
 }
 

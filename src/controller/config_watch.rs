@@ -37,7 +37,7 @@ pub(crate) fn validate_config_object(object: &Value, source: &str) -> Result<Act
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0),
-        raw: serde_json::to_string_pretty(object).unwrap_or_default(),
+        raw: None,
         spec_hash: super::state::spec_hash(object),
     })
 }
@@ -122,7 +122,8 @@ impl ConfigWatcher {
     /// Looks at the object: returns the config to run when a new valid generation arrived.
     pub(super) fn poll(&mut self) -> Option<Arc<ActiveConfig>> {
         // The one config object, as a plain value for the config loader.
-        let object = snapshot(&self.store).list().next()?.to_value();
+        let doc = Arc::clone(snapshot(&self.store).list().next()?);
+        let object = doc.to_value();
         let version = object
             .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
@@ -144,7 +145,8 @@ impl ConfigWatcher {
             .pointer("/metadata/generation")
             .and_then(Value::as_i64)
             .unwrap_or(0);
-        let candidate = validate_config_object(&object, &self.source).map(|c| {
+        let candidate = validate_config_object(&object, &self.source).map(|mut c| {
+            c.raw = Some(doc);
             let defs = watchers::definitions(&c.spec, &self.namespace);
             let changed = lock(&self.watchers).apply(&defs);
             (c, changed)

@@ -22,9 +22,9 @@ pub(crate) struct ActiveConfig {
     pub spec: Spec,
     pub engine: Engine,
     pub generation: i64,
-    /// The object as read, as JSON text, for `/debug/config` (text: a parsed tree of the
-    /// six libraries' templates would cost several times its size for the process's life).
-    pub raw: String,
+    /// The object as the config watcher's store holds it (shared, not a copy), for
+    /// `/debug/config`; `None` for a candidate checked by the webhook.
+    pub raw: Option<Arc<crate::store::Doc>>,
     /// A hash of its spec's JSON: a new version with the same spec (our own status writes)
     /// changes nothing.
     pub spec_hash: u64,

@@ -88,13 +88,11 @@ pub(crate) fn start_health(
                 "debug endpoints answer loopback clients only (use kubectl port-forward)\n".into(),
             ),
             "/debug/config" => {
-                let raw = lock(&shared.config).as_ref().map(|c| c.raw.clone());
-                reply(
-                    request,
-                    200,
-                    "application/json",
-                    raw.unwrap_or("null".into()),
-                )
+                let raw = lock(&shared.config)
+                    .as_ref()
+                    .and_then(|c| c.raw.clone())
+                    .map(|d| d.to_value());
+                reply(request, 200, "application/json", json(&raw))
             }
             "/debug/rendered" => {
                 let cfg = lock(&shared.render).haproxy_cfg.clone().unwrap_or_default();
