@@ -669,6 +669,10 @@ impl Cluster {
             .tied()
             .spawn()
             .unwrap();
+        let registered_webhook = match (&self.webhook, self.controllers.is_empty()) {
+            (Some((_, hook_ip, port)), true) => Some(format!("{hook_ip}:{port}")),
+            _ => None,
+        };
         self.controllers.push(Controller {
             name: name.into(),
             ip,
@@ -676,6 +680,21 @@ impl Cluster {
             metrics_port,
             child: Some(child),
         });
+        // The API server calls the registered webhook for every Ingress write from now on
+        // (failurePolicy Fail): wait until it listens, which is once the controller has read
+        // its first config.
+        if let Some(addr) = registered_webhook {
+            let addr: std::net::SocketAddr = addr.parse().unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the webhook of {name} never listened on {addr}:\n{}",
+                    self.controller_log(name)
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
         self.controllers.len() - 1
     }
 
