@@ -630,7 +630,12 @@ impl Cluster {
             _ => vec!["--webhook-port".to_string(), "0".to_string()],
         };
         let log = std::fs::File::create(self.dir.0.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_haptic"))
+        // The benchmarks can measure another build of the controller (the static binary that
+        // ships): HAPTIC_BENCH_BIN names it.
+        let bin = std::env::var_os("HAPTIC_BENCH_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_haptic")));
+        let child = Command::new(bin)
             .args([
                 "run",
                 "--kubeconfig",
