@@ -46,29 +46,10 @@ struct Loop {
     pending: bool,
     first_change: Option<Instant>,
     last_render: Option<Instant>,
-    /// How long after `last_render` the next render may start: the debounce interval, doubled
-    /// after each render that followed the one before without a pause ([`next_interval`]).
-    interval: Option<Duration>,
     last_validated: Option<Bundle>,
     current_config: Option<Arc<CurrentConfig>>,
     /// Memoized render units and the objects left out after failed checks (DESIGN §4).
     cache: RenderCache,
-}
-
-/// The longest a busy controller waits between renders, in debounce intervals.
-const MAX_BACKOFF: u32 = 8;
-
-/// The interval to wait after a render that starts `since_last` after the previous one, when
-/// the interval before it was `interval`. Leading edge: a change after a quiet spell renders at
-/// once, and the interval is the debounce interval `base`. A render that follows the previous
-/// one within twice its interval means changes keep coming (a rollout, a burst of endpoint
-/// updates): the interval doubles, up to [`MAX_BACKOFF`] × `base`, so a burst costs a few
-/// renders, each covering many changes, rather than one every `base`.
-fn next_interval(base: Duration, interval: Duration, since_last: Option<Duration>) -> Duration {
-    match since_last {
-        Some(since) if since < interval * 2 => (interval * 2).min(base * MAX_BACKOFF).max(base),
-        _ => base,
-    }
 }
 
 impl Reconciler {
@@ -78,7 +59,6 @@ impl Reconciler {
             pending: false,
             first_change: None,
             last_render: None,
-            interval: None,
             last_validated: None,
             current_config: None,
             cache: RenderCache::new(),
@@ -96,7 +76,6 @@ impl Reconciler {
                         s.pending = true;
                         s.first_change.get_or_insert_with(Instant::now);
                         s.last_render = None; // a new config renders at once
-                        s.interval = None;
                     }
                     Ok(ControlMsg::CurrentConfig(text)) => {
                         if s.current_config.is_none() {
@@ -119,11 +98,9 @@ impl Reconciler {
             return Duration::from_millis(500);
         }
         match s.last_render {
-            Some(last) => (last
-                + s.interval
-                    .unwrap_or_else(|| config.spec.debounce_interval()))
-            .saturating_duration_since(Instant::now())
-            .max(Duration::from_millis(1)),
+            Some(last) => (last + config.spec.debounce_interval())
+                .saturating_duration_since(Instant::now())
+                .max(Duration::from_millis(1)),
             None => Duration::from_millis(20),
         }
     }
@@ -161,9 +138,9 @@ impl Reconciler {
             return;
         }
         // Debounce first: snapshots are taken only for a render that happens now.
-        let base = config.spec.debounce_interval();
-        let interval = s.interval.unwrap_or(base);
-        if s.last_render.is_some_and(|last| last.elapsed() < interval) {
+        if s.last_render
+            .is_some_and(|last| last.elapsed() < config.spec.debounce_interval())
+        {
             return;
         }
         // Changes already queued are in the snapshot about to be taken (a reflector writes its
@@ -188,14 +165,6 @@ impl Reconciler {
             log::info!("all watched resources synced");
         }
         s.pending = false;
-        let next = next_interval(base, interval, s.last_render.map(|l| l.elapsed()));
-        if next != interval {
-            log::debug!(
-                "changes keep coming: the next render waits {} ms after this one",
-                next.as_millis()
-            );
-        }
-        s.interval = Some(next);
         s.last_render = Some(Instant::now());
         let first_change = s.first_change.take().unwrap_or_else(Instant::now);
         *lock(&self.shared.store_counts) =
@@ -382,91 +351,5 @@ impl Reconciler {
         let _ = self.status.send(StatusMsg::Reconciled {
             error: Some((stage.to_string(), error)),
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{next_interval, MAX_BACKOFF};
-    use std::time::Duration;
-
-    const BASE: Duration = Duration::from_millis(50);
-
-    /// Renders of a steady stream of changes, one every `every`, for `span`, with the
-    /// reconciler's gate: a render starts at the first change at least `interval` after the
-    /// last render.
-    fn renders(every: Duration, span: Duration) -> Vec<Duration> {
-        let (mut out, mut last, mut interval) = (Vec::new(), None::<Duration>, BASE);
-        let mut t = Duration::ZERO;
-        while t <= span {
-            let due = last.map_or(t, |l| (l + interval).max(t));
-            interval = next_interval(BASE, interval, last.map(|l| due - l));
-            out.push(due);
-            last = Some(due);
-            t = due + every;
-        }
-        out
-    }
-
-    #[test]
-    fn a_change_after_a_quiet_spell_renders_at_once_with_the_debounce_interval() {
-        assert_eq!(next_interval(BASE, BASE, None), BASE);
-        assert_eq!(
-            next_interval(BASE, BASE * 4, Some(Duration::from_secs(5))),
-            BASE
-        );
-        // Exactly twice the interval is quiet enough.
-        assert_eq!(next_interval(BASE, BASE * 4, Some(BASE * 8)), BASE);
-    }
-
-    #[test]
-    fn changes_that_keep_coming_double_the_interval_up_to_the_cap() {
-        assert_eq!(next_interval(BASE, BASE, Some(BASE)), BASE * 2);
-        assert_eq!(next_interval(BASE, BASE * 2, Some(BASE * 3)), BASE * 4);
-        assert_eq!(
-            next_interval(BASE, BASE * MAX_BACKOFF, Some(BASE * MAX_BACKOFF)),
-            BASE * MAX_BACKOFF
-        );
-        // No debounce stays no debounce.
-        assert_eq!(
-            next_interval(Duration::ZERO, Duration::ZERO, Some(Duration::ZERO)),
-            Duration::ZERO
-        );
-    }
-
-    #[test]
-    fn a_burst_costs_a_few_renders_and_its_last_change_waits_at_most_the_cap() {
-        let ms = |r: Vec<Duration>| r.iter().map(|d| d.as_millis()).collect::<Vec<_>>();
-        // 1,000 updates sent in 400 ms (the latency benchmark's burst): five renders.
-        assert_eq!(
-            ms(renders(
-                Duration::from_micros(400),
-                Duration::from_millis(400)
-            )),
-            [0, 50, 150, 350, 750]
-        );
-        // Spread over a whole second: six, the last 1.15 s after the first change.
-        assert_eq!(
-            ms(renders(
-                Duration::from_millis(1),
-                Duration::from_millis(1000)
-            )),
-            [0, 50, 150, 350, 750, 1150]
-        );
-        // With the default debounce interval (100 ms), the second-long burst takes five.
-        let base = Duration::from_millis(100);
-        let (mut last, mut interval, mut n) = (Duration::ZERO, base, 1);
-        for t in (1..=1000).map(Duration::from_millis) {
-            if t >= last + interval {
-                interval = next_interval(base, interval, Some(t - last));
-                (last, n) = (t, n + 1);
-            }
-        }
-        let end = last + interval;
-        assert_eq!(
-            (n, end.as_millis()),
-            (4, 1500),
-            "the fifth render covers the rest"
-        );
     }
 }
