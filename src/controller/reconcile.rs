@@ -46,10 +46,42 @@ struct Loop {
     pending: bool,
     first_change: Option<Instant>,
     last_render: Option<Instant>,
+    /// How long after `last_render` the next render may start ([`next_interval`]).
+    interval: Option<Duration>,
+    /// Store events since the last render: how busy the window before the next render was.
+    events: usize,
     last_validated: Option<Bundle>,
     current_config: Option<Arc<CurrentConfig>>,
     /// Memoized render units and the objects left out after failed checks (DESIGN §4).
     cache: RenderCache,
+}
+
+/// The longest a reconciler waits between renders during a burst, in debounce intervals.
+const MAX_BACKOFF: u32 = 8;
+
+/// A window between two renders with at least this many store events is part of a burst.
+/// A change made on its own (an endpoint moving, a route added) is one or two events, so
+/// changes made one after another never back off.
+const BURST_EVENTS: usize = 4;
+
+/// How long to wait after a render before the next one may start. `base` is the debounce
+/// interval, `interval` the wait before this render, `since_last` the time since the previous
+/// render and `events` the store events since then. Leading edge: a change after a quiet spell
+/// renders at once and the wait is `base`. A window that collected a burst of events (a
+/// rollout, a mass update) quadruples the wait, up to [`MAX_BACKOFF`] × `base`, so that a burst
+/// costs a few renders, each covering many changes; the first window with few events goes
+/// back to `base`.
+fn next_interval(
+    base: Duration,
+    interval: Duration,
+    since_last: Option<Duration>,
+    events: usize,
+) -> Duration {
+    let quiet = since_last.is_none_or(|since| since >= interval * 2);
+    if quiet || events < BURST_EVENTS {
+        return base;
+    }
+    (interval * 4).min(base * MAX_BACKOFF).max(base)
 }
 
 impl Reconciler {
@@ -59,6 +91,8 @@ impl Reconciler {
             pending: false,
             first_change: None,
             last_render: None,
+            interval: None,
+            events: 0,
             last_validated: None,
             current_config: None,
             cache: RenderCache::new(),
@@ -76,6 +110,7 @@ impl Reconciler {
                         s.pending = true;
                         s.first_change.get_or_insert_with(Instant::now);
                         s.last_render = None; // a new config renders at once
+                        s.interval = None;
                     }
                     Ok(ControlMsg::CurrentConfig(text)) => {
                         if s.current_config.is_none() {
@@ -98,9 +133,11 @@ impl Reconciler {
             return Duration::from_millis(500);
         }
         match s.last_render {
-            Some(last) => (last + config.spec.debounce_interval())
-                .saturating_duration_since(Instant::now())
-                .max(Duration::from_millis(1)),
+            Some(last) => (last
+                + s.interval
+                    .unwrap_or_else(|| config.spec.debounce_interval()))
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_millis(1)),
             None => Duration::from_millis(20),
         }
     }
@@ -127,6 +164,7 @@ impl Reconciler {
             }
         }
         s.pending = true;
+        s.events += 1;
         s.first_change.get_or_insert_with(Instant::now);
     }
 
@@ -138,9 +176,9 @@ impl Reconciler {
             return;
         }
         // Debounce first: snapshots are taken only for a render that happens now.
-        if s.last_render
-            .is_some_and(|last| last.elapsed() < config.spec.debounce_interval())
-        {
+        let base = config.spec.debounce_interval();
+        let interval = s.interval.unwrap_or(base);
+        if s.last_render.is_some_and(|last| last.elapsed() < interval) {
             return;
         }
         // Changes already queued are in the snapshot about to be taken (a reflector writes its
@@ -165,6 +203,16 @@ impl Reconciler {
             log::info!("all watched resources synced");
         }
         s.pending = false;
+        let next = next_interval(base, interval, s.last_render.map(|l| l.elapsed()), s.events);
+        if next > interval {
+            log::debug!(
+                "a burst of changes ({} since the last render): the next render waits {} ms",
+                s.events,
+                next.as_millis()
+            );
+        }
+        s.interval = Some(next);
+        s.events = 0;
         s.last_render = Some(Instant::now());
         let first_change = s.first_change.take().unwrap_or_else(Instant::now);
         *lock(&self.shared.store_counts) =
@@ -351,5 +399,100 @@ impl Reconciler {
         let _ = self.status.send(StatusMsg::Reconciled {
             error: Some((stage.to_string(), error)),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{next_interval, MAX_BACKOFF};
+    use std::time::Duration;
+
+    const BASE: Duration = Duration::from_millis(50);
+
+    /// The render times (ms) of the reconciler's gate for store events at `events` (sorted):
+    /// a pending change renders at once, or `interval` after the previous render, and that
+    /// render takes in every event so far.
+    fn renders(base: Duration, events: &[Duration]) -> Vec<u128> {
+        let (mut out, mut last, mut interval) = (Vec::new(), None::<Duration>, base);
+        let mut next = 0;
+        while next < events.len() {
+            let due = last.map_or(events[next], |l| (l + interval).max(events[next]));
+            let taken = events[next..].iter().take_while(|t| **t <= due).count();
+            interval = next_interval(base, interval, last.map(|l| due - l), taken);
+            out.push(due.as_millis());
+            (last, next) = (Some(due), next + taken);
+        }
+        out
+    }
+
+    fn every(step: Duration, n: u32) -> Vec<Duration> {
+        (0..n).map(|i| step * i).collect()
+    }
+
+    #[test]
+    fn changes_made_one_after_another_never_back_off() {
+        // A user (or the latency benchmark) makes a change, sees it served 25 ms after its
+        // render, and makes the next; each change is one or two store events (an object and,
+        // for some, a status write coming back). No change waits longer than the debounce
+        // interval.
+        for per_change in [1, 2, 3] {
+            let (mut last, mut interval, mut t) = (None::<Duration>, BASE, Duration::ZERO);
+            for _ in 0..50 {
+                let due = last.map_or(t, |l| (l + interval).max(t));
+                assert!(due - t <= BASE, "a change waited {:?}", due - t);
+                interval = next_interval(BASE, interval, last.map(|l| due - l), per_change);
+                last = Some(due);
+                t = due + Duration::from_millis(25);
+            }
+        }
+    }
+
+    #[test]
+    fn a_burst_costs_a_few_renders_and_waits_at_most_the_cap() {
+        // 1,000 updates sent in 400 ms (the latency benchmark's burst, debounce 50 ms).
+        assert_eq!(
+            renders(BASE, &every(Duration::from_micros(400), 1000)),
+            [0, 50, 250, 650]
+        );
+        // 1,000 spread over a second with the default debounce interval (100 ms).
+        assert_eq!(
+            renders(
+                Duration::from_millis(100),
+                &every(Duration::from_millis(1), 1000)
+            ),
+            [0, 100, 500, 1300]
+        );
+        // A stream that goes on: renders every MAX_BACKOFF intervals, never fewer.
+        let r = renders(BASE, &every(Duration::from_millis(1), 5000));
+        assert!(
+            r.windows(2)
+                .all(|w| w[1] - w[0] <= (BASE * MAX_BACKOFF).as_millis()),
+            "{r:?}"
+        );
+        assert_eq!(r.len(), 15, "{r:?}");
+    }
+
+    #[test]
+    fn after_a_burst_a_quiet_spell_goes_back_to_the_debounce_interval() {
+        let mut events = every(Duration::from_micros(400), 1000);
+        // A change well after the burst renders at once, and the one after it within the
+        // debounce interval.
+        events.push(Duration::from_millis(2000));
+        events.push(Duration::from_millis(2010));
+        let r = renders(BASE, &events);
+        assert_eq!(&r[r.len() - 2..], [2000, 2050]);
+        // A quiet spell is measured against the wait in force: twice it, at least.
+        assert_eq!(
+            next_interval(BASE, BASE * 8, Some(BASE * 16), 100),
+            BASE,
+            "a burst after a quiet spell starts at the debounce interval"
+        );
+        assert_eq!(next_interval(BASE, BASE * 8, Some(BASE * 8), 100), BASE * 8);
+        assert_eq!(next_interval(BASE, BASE * 8, Some(BASE * 8), 1), BASE);
+        // No debounce stays no debounce.
+        assert_eq!(
+            next_interval(Duration::ZERO, Duration::ZERO, Some(Duration::ZERO), 100),
+            Duration::ZERO
+        );
     }
 }
