@@ -24,7 +24,7 @@ def num(v):
 
 def main():
     render, cli, watch, latency, bursts, setups, soak = {}, None, None, {}, {}, {}, None
-    warmups = {}
+    warmups, idle = {}, None
     for line in sys.stdin:
         line = line.strip()
         f = fields(line)
@@ -40,6 +40,10 @@ def main():
             warmups[int(f["ingresses"])] = f
         elif line.startswith("latency burst "):
             bursts[int(f["ingresses"])] = f
+        elif line.startswith("idle "):
+            idle = f
+            both = re.search(r"controllers_rss_mib=\[([^\]]*)\]", line)
+            idle["rss"] = [num(x) for x in both.group(1).split(",")] if both else []
         elif line.startswith("soak "):
             soak = f
         elif line.startswith("latency ") and "p95_ms" in f:
@@ -74,7 +78,12 @@ def main():
         row("watch ingest", f"{num(watch['watch_events_per_s']):,.0f} events/s", "must not drop", "")
     for n, f in sorted(setups.items()):
         if "leader_rss_mib" in f:
-            row(f"controller RSS, {n:,} Ingresses loaded", f"{num(f['leader_rss_mib']):,.0f} MiB", "< 15 MiB idle (demo)" if n <= 1000 else "", "")
+            row(f"controller RSS, {n:,} Ingresses loaded (leader)", f"{num(f['leader_rss_mib']):,.0f} MiB", "", "")
+    if idle:
+        rss = idle["rss"] or [num(idle["leader_rss_mib"])]
+        worst = max(rss)
+        row(f"controller RSS at rest ({idle['binary']} binary, leader and standby)",
+            " / ".join(f"{r:,.1f}" for r in rss) + " MiB", "< 15 MiB", "", worst < 15)
     for (kind, n, standby), f in sorted(latency.items()):
         p95 = num(f["p95_ms"])
         if kind == "endpointslice_change":

@@ -15,6 +15,8 @@
 #                               and go, the leader is killed and SIGTERMed, an agent restarts,
 #                               the API server fails, HAProxy restarts and a pod is drained:
 #                               failed requests and convergence per phase
+#   scripts/bench.sh idle       the controller at rest as it ships: RSS of the static musl binary
+#                               (scripts/build-static.sh), leader and standby, one Ingress loaded
 #   scripts/bench.sh agent      agent apply latency, runtime- and reload-class changes, on a
 #                               1,000-backend config (scripts/bench-agent.sh)
 set -euo pipefail
@@ -49,6 +51,17 @@ bench_watch() {
   cargo bench --quiet --bench watch_ingest 2>/dev/null | grep '^watch-ingest'
 }
 
+bench_idle() {
+  # The idle goal is about the binary the images carry: the static musl build (its allocator
+  # keeps less memory resident than glibc's). The latency benchmark runs it as both
+  # controllers (HAPTIC_BENCH_BIN) with one Ingress loaded; its setup line has their RSS.
+  ensure_packages haproxy:haproxy openssl:openssl ss:iproute2
+  scripts/build-static.sh >/dev/null
+  local bin; bin=$(realpath "${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/release/haptic")
+  HAPTIC_BENCH_BIN=$bin BENCH_INGRESSES=1 BENCH_CHANGES=4 cargo bench --quiet --bench event_latency 2>/dev/null \
+    | grep '^latency setup' | sed 's/^latency setup/idle binary=static-musl/'
+}
+
 bench_soak() {
   ensure_packages haproxy:haproxy openssl:openssl ss:iproute2
   local log; log=$(mktemp /tmp/haptic-soak.XXXXXX)
@@ -78,9 +91,10 @@ trap 'rm -f "$report"' EXIT
     watch) bench_watch ;;
     latency) shift; bench_latency "$@" ;;
     soak) bench_soak ;;
+    idle) bench_idle ;;
     agent) scripts/bench-agent.sh ;;
-    all) bench_render; bench_watch; bench_latency 1000 10000; bench_soak; scripts/bench-agent.sh ;;
-    *) echo "unknown benchmark $which (render, watch, latency, soak, agent, all)" >&2; exit 2 ;;
+    all) bench_render; bench_watch; bench_latency 1000 10000; bench_idle; bench_soak; scripts/bench-agent.sh ;;
+    *) echo "unknown benchmark $which (render, watch, latency, idle, soak, agent, all)" >&2; exit 2 ;;
   esac
 } | tee "$report"
 python3 scripts/bench-report.py < "$report"
