@@ -169,6 +169,28 @@ fn main() {
             }
         }
         let log_start = log.len();
+        // The leader's render (with its checks) and check histograms around the reload phase:
+        // how a reload's reconcile splits between the render and `haproxy -c`.
+        let steps = |c: &Cluster| {
+            let ctrl = &c.controllers[leader];
+            let text = ctrl
+                .get(ctrl.metrics_port, "/metrics")
+                .map(|(_, t)| t)
+                .unwrap_or_default();
+            let f = |prefix: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(prefix))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            [
+                f("haptic_render_duration_seconds_sum "),
+                f("haptic_render_duration_seconds_count "),
+                f("haptic_validation_duration_seconds_sum "),
+                f("haptic_validation_duration_seconds_count "),
+            ]
+        };
+        let steps_before = steps(c);
         // Reload class: a new Ingress for a new Service adds a backend.
         let mut reload = Vec::new();
         for i in offset..offset + changes.min(30) {
@@ -194,6 +216,23 @@ fn main() {
             &format!("reload standby={standby}"),
             &c.controller_log(&leader_name)[log_start..],
         );
+        let steps_after = steps(c);
+        let d: Vec<f64> = (0..4).map(|i| steps_after[i] - steps_before[i]).collect();
+        let mean_ms = |sum: f64, n: f64| if n > 0.0 { sum / n * 1000.0 } else { f64::NAN };
+        println!(
+            "latency steps reload standby={standby} renders={} checks={} render_with_checks_mean_ms={:.0} check_mean_ms={:.0} render_only_mean_ms={:.0}",
+            d[1],
+            d[3],
+            mean_ms(d[0], d[1]),
+            mean_ms(d[2], d[3]),
+            mean_ms(d[0] - d[2], d[1])
+        );
+        if std::env::var_os("BENCH_PHASE_LOG").is_some() {
+            println!(
+                "--- leader log of the reload phase ---\n{}",
+                &c.controller_log(&leader_name)[log_start..]
+            );
+        }
     };
     // Warm-up. Once the first configuration is out, the status writer reports every Ingress's
     // address; its writes come back as watch events, and the render after each batch of them

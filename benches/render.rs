@@ -245,6 +245,30 @@ fn main() {
             started.elapsed()
         });
 
+        // The classification of that reload-class change (a backend section added, maps
+        // changed), as the controller and every agent make it.
+        let without = engine
+            .render_cached(&inputs(stores.clone()), &mut cache)
+            .expect("render")
+            .to_bundle();
+        let with_new = {
+            let mut store = (*ingresses).clone();
+            store.upsert(new_ingress.clone()).expect("upsert");
+            let mut changed = stores.clone();
+            changed.insert("ingresses".into(), Arc::new(store));
+            engine
+                .render_cached(&inputs(changed), &mut cache)
+                .expect("render")
+                .to_bundle()
+        };
+        let classify_reload = timed(&mut || {
+            std::hint::black_box(haptic_agent::classify::classify(&without, &with_new));
+        });
+        println!(
+            "render-reconcile-reload n={n} classify_new_ingress_ms={:.1}",
+            ms(classify_reload)
+        );
+
         // The floor: haproxy -c on the same output.
         let bundle = rendered.to_bundle();
         let check = median(3, || {

@@ -24,12 +24,14 @@ def num(v):
 
 def main():
     render, cli, watch, latency, bursts, setups, soak = {}, None, None, {}, {}, {}, None
-    warmups, idle = {}, None
+    warmups, idle, reload_classify = {}, None, {}
     for line in sys.stdin:
         line = line.strip()
         f = fields(line)
         if line.startswith("render-libraries "):
             render[int(f["n"])] = f
+        elif line.startswith("render-reconcile-reload "):
+            reload_classify[int(f["n"])] = f
         elif line.startswith("render-cli "):
             cli = f
         elif line.startswith("watch-ingest "):
@@ -63,6 +65,9 @@ def main():
         ec = num(f["endpoint_change_ms"])
         row(f"render {n:,}, one EndpointSlice change", f"{ec:,.1f} ms", "< 10 ms", f"units re-rendered {f.get('units_rendered', '?').strip('()')}", ec < 10)
         row(f"render {n:,}, one new Ingress", f"{num(f['new_ingress_ms']):,.0f} ms", "", "")
+    for n, f in sorted(reload_classify.items()):
+        row(f"classification of a new Ingress, {n:,} (controller and each agent)",
+            f"{num(f['classify_new_ingress_ms']):,.0f} ms", "", "")
     if 1000 in render and 10000 in render:
         growth = num(render[10000]["full_ms"]) / num(render[1000]["full_ms"])
         row("render growth 1k → 10k", f"{growth:.1f}×", "≤ 11×", "linear: 10×", growth <= 11)

@@ -32,7 +32,7 @@ bench_render() {
   # changed, one EndpointSlice change, one new Ingress, and the floor in the same run:
   # haproxy -c on the same output and the raw JSON size of the objects.
   ensure_packages haproxy:haproxy
-  cargo bench --quiet --bench render -- 1000 10000 2>/dev/null | grep '^render-libraries'
+  cargo bench --quiet --bench render -- 1000 10000 2>/dev/null | grep -E '^render-(libraries|reconcile-reload)'
   # Peak memory of `haptic render` on the same 10,000.
   cargo build --quiet --release --bin haptic
   local work; work=$(mktemp -d /tmp/haptic-bench.XXXXXX)

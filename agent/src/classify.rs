@@ -12,7 +12,7 @@
 //!
 //! Everything else is a reload, with the reasons spelled out.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::haproxy_cfg::{
     changed_sections, data_lines, file_references, Config, Section, ServerLine, SocketAddress,
@@ -219,14 +219,19 @@ fn compare_configs(old: &Config, new: &Config, plan: &mut Plan) {
     let old_headers: Vec<&Tokens> = old.sections.iter().map(|s| &s.header).collect();
     let new_headers: Vec<&Tokens> = new.sections.iter().map(|s| &s.header).collect();
     if old_headers != new_headers {
+        // Sets, not `contains` on the lists: a backend added at 10,000 sections would compare
+        // every header with every other (10^8 comparisons, seconds in the controller and again
+        // in every agent).
+        let old_set: HashSet<&Tokens> = old_headers.iter().copied().collect();
+        let new_set: HashSet<&Tokens> = new_headers.iter().copied().collect();
         let added: Vec<String> = new_headers
             .iter()
-            .filter(|h| !old_headers.contains(h))
+            .filter(|h| !old_set.contains(*h))
             .map(|h| h.join(" "))
             .collect();
         let removed: Vec<String> = old_headers
             .iter()
-            .filter(|h| !new_headers.contains(h))
+            .filter(|h| !new_set.contains(*h))
             .map(|h| h.join(" "))
             .collect();
         for a in added {
@@ -534,31 +539,37 @@ fn compare_crt_list(
         ));
         return;
     }
+    // Sets for the membership tests: a crt-list has a line per certificate (thousands).
+    let old_set: HashSet<&Tokens> = old_lines.iter().collect();
+    let new_set: HashSet<&Tokens> = new_lines.iter().collect();
     let kept: Vec<&Tokens> = new_lines
         .iter()
-        .take_while(|l| old_lines.contains(l))
+        .take_while(|l| old_set.contains(l))
         .collect();
     let appended = &new_lines[kept.len()..];
-    if appended.iter().any(|l| old_lines.contains(l)) {
+    if appended.iter().any(|l| old_set.contains(l)) {
         plan.reload(format!("crt-list {path}: lines reordered"));
         return;
     }
+    let kept_set: HashSet<&Tokens> = kept.iter().copied().collect();
     let kept_in_old_order = old_lines
         .iter()
-        .filter(|l| kept.contains(l))
+        .filter(|l| kept_set.contains(l))
         .collect::<Vec<_>>()
         == kept;
     if !kept_in_old_order {
         plan.reload(format!("crt-list {path}: lines reordered"));
         return;
     }
-    for removed in old_lines.iter().filter(|l| !new_lines.contains(l)) {
+    let new_word_set: HashSet<&str> = new_words.iter().copied().collect();
+    let old_word_set: HashSet<&str> = old_words.iter().copied().collect();
+    for removed in old_lines.iter().filter(|l| !new_set.contains(l)) {
         let cert = removed[0].clone();
         plan.crt_list_dels.push(RuntimeAction::DelCrtListEntry {
             crt_list: name.into(),
             cert: cert.clone(),
         });
-        if !new_words.contains(&cert.as_str()) {
+        if !new_word_set.contains(cert.as_str()) {
             plan.cert_dels.push(RuntimeAction::DelCert { name: cert });
         }
     }
@@ -568,7 +579,7 @@ fn compare_crt_list(
             return;
         }
         let cert = &line[0];
-        if !old_words.contains(&cert.as_str()) {
+        if !old_word_set.contains(cert.as_str()) {
             let source = bundle.files.iter().find(|f| {
                 f.kind == FileKind::Cert
                     && (*cert == f.path
