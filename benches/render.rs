@@ -110,6 +110,7 @@ fn main() {
                     .render_cached(&inputs(changed), &mut cache)
                     .expect("render");
             }
+            let _ = std::fs::remove_dir_all(&work);
             return;
         }
         // HAPTIC_BENCH_PROFILE_FULL=N: only N full renders (no cache), for a profiler; then stop.
@@ -120,6 +121,7 @@ fn main() {
             for _ in 0..runs {
                 engine.render(&inputs(stores.clone())).expect("render");
             }
+            let _ = std::fs::remove_dir_all(&work);
             return;
         }
         let full = median(3, || {
