@@ -100,16 +100,8 @@ fn main() {
     // Resident memory of each controller with everything loaded and rendered (the scrape's
     // process_resident_memory_bytes).
     std::thread::sleep(Duration::from_secs(1));
-    let rss: Vec<f64> = c
-        .controllers
-        .iter()
-        .map(|ctrl| {
-            let text = ctrl
-                .get(ctrl.metrics_port, "/metrics")
-                .map(|(_, t)| t)
-                .unwrap_or_default();
-            sample(&text, "process_resident_memory_bytes ") as f64 / 1048576.0
-        })
+    let rss: Vec<f64> = (0..c.controllers.len())
+        .map(|i| sample(&metrics(&c, i), "process_resident_memory_bytes ") / 1048576.0)
         .collect();
     let leader_rss = c
         .leader_index()
@@ -172,23 +164,14 @@ fn main() {
         // The leader's render (with its checks) and check histograms around the reload phase:
         // how a reload's reconcile splits between the render and `haproxy -c`.
         let steps = |c: &Cluster| {
-            let ctrl = &c.controllers[leader];
-            let text = ctrl
-                .get(ctrl.metrics_port, "/metrics")
-                .map(|(_, t)| t)
-                .unwrap_or_default();
-            let f = |prefix: &str| {
-                text.lines()
-                    .find_map(|l| l.strip_prefix(prefix))
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-                    .unwrap_or(0.0)
-            };
+            let text = metrics(c, leader);
             [
-                f("haptic_render_duration_seconds_sum "),
-                f("haptic_render_duration_seconds_count "),
-                f("haptic_validation_duration_seconds_sum "),
-                f("haptic_validation_duration_seconds_count "),
+                "haptic_render_duration_seconds_sum ",
+                "haptic_render_duration_seconds_count ",
+                "haptic_validation_duration_seconds_sum ",
+                "haptic_validation_duration_seconds_count ",
             ]
+            .map(|prefix| sample(&text, prefix))
         };
         let steps_before = steps(c);
         // Reload class: a new Ingress for a new Service adds a backend.
@@ -276,14 +259,10 @@ fn main() {
     // The burst: the EndpointSlices of up to 1,000 Services move from backend z to backend a,
     // sent by four writers at once.
     let counters = |c: &Cluster| {
-        let ctrl = &c.controllers[leader];
-        let text = ctrl
-            .get(ctrl.metrics_port, "/metrics")
-            .map(|(_, t)| t)
-            .unwrap_or_default();
+        let text = metrics(c, leader);
         (
-            sample(&text, "haptic_reconciliation_total "),
-            sample(&text, "haptic_deployment_total{result=\"reload\"} "),
+            sample(&text, "haptic_reconciliation_total ") as u64,
+            sample(&text, "haptic_deployment_total{result=\"reload\"} ") as u64,
         )
     };
     let burst = ingresses.min(1000);
@@ -393,10 +372,18 @@ fn settled_counters<T: PartialEq>(read: impl Fn() -> T) -> T {
     last
 }
 
+/// The `/metrics` text of controller `i` (empty when it does not answer).
+fn metrics(c: &Cluster, i: usize) -> String {
+    let ctrl = &c.controllers[i];
+    ctrl.get(ctrl.metrics_port, "/metrics")
+        .map(|(_, t)| t)
+        .unwrap_or_default()
+}
+
 /// The value of the sample line starting with `prefix` in Prometheus text (0 when absent).
-fn sample(text: &str, prefix: &str) -> u64 {
+fn sample(text: &str, prefix: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(prefix))
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(0.0) as u64
+        .unwrap_or(0.0)
 }
