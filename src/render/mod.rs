@@ -374,9 +374,13 @@ impl Engine {
         &self.extra_context
     }
 
-    /// Renders haproxy.cfg and every auxiliary template from scratch.
+    /// Renders haproxy.cfg and every auxiliary template from scratch, keeping nothing for a
+    /// later render (`RenderCache::once`).
     pub fn render(&self, inputs: &RenderInputs) -> Result<Rendered, RenderError> {
-        self.render_cached(inputs, &mut RenderCache::new())
+        let mut cache = RenderCache::once();
+        let rendered = self.render_cached(inputs, &mut cache);
+        crate::drop_later(cache);
+        rendered
     }
 
     /// Renders, replaying every render unit whose inputs are unchanged since the renders that
@@ -421,7 +425,8 @@ impl Engine {
                     from_fail: false,
                 });
             };
-            *cache = scope.cache;
+            let mut scope = scope;
+            *cache = std::mem::take(&mut scope.cache);
             if log::log_enabled!(log::Level::Debug) {
                 let mut timings: Vec<_> = scope.timings.iter().collect();
                 timings.sort_by_key(|t| std::cmp::Reverse(t.1 .1));
@@ -456,18 +461,22 @@ impl Engine {
                         from_fail: false,
                     });
                 }
-                failed.extend(scope.newly_failed);
+                failed.extend(std::mem::take(&mut scope.newly_failed));
                 continue;
             }
-            break (
+            let traces = (!scope.inspected).then(|| std::mem::take(&mut scope.traces));
+            let kept = (
                 registry,
                 status,
                 outputs,
-                scope.instances,
-                scope.dropped,
-                scope.file_owners,
-                (!scope.inspected).then_some(scope.traces),
+                std::mem::take(&mut scope.instances),
+                std::mem::take(&mut scope.dropped),
+                std::mem::take(&mut scope.file_owners),
+                traces,
             );
+            // The render's shared state and the rest of its scope: freed off this thread.
+            crate::drop_later((scope, ctx));
+            break kept;
         };
         let (haproxy_cfg, mut files, spans, pres) = outputs?;
         let mut dropped = dropped;
