@@ -375,12 +375,9 @@ impl Engine {
     }
 
     /// Renders haproxy.cfg and every auxiliary template from scratch, keeping nothing for a
-    /// later render (`RenderCache::once`).
+    /// later render (`RenderCache::once`: no splicing index is built).
     pub fn render(&self, inputs: &RenderInputs) -> Result<Rendered, RenderError> {
-        let mut cache = RenderCache::once();
-        let rendered = self.render_cached(inputs, &mut cache);
-        crate::drop_later(cache);
-        rendered
+        self.render_cached(inputs, &mut RenderCache::once())
     }
 
     /// Renders, replaying every render unit whose inputs are unchanged since the renders that
@@ -425,8 +422,7 @@ impl Engine {
                     from_fail: false,
                 });
             };
-            let mut scope = scope;
-            *cache = std::mem::take(&mut scope.cache);
+            *cache = scope.cache;
             if log::log_enabled!(log::Level::Debug) {
                 let mut timings: Vec<_> = scope.timings.iter().collect();
                 timings.sort_by_key(|t| std::cmp::Reverse(t.1 .1));
@@ -461,22 +457,18 @@ impl Engine {
                         from_fail: false,
                     });
                 }
-                failed.extend(std::mem::take(&mut scope.newly_failed));
+                failed.extend(scope.newly_failed);
                 continue;
             }
-            let traces = (!scope.inspected).then(|| std::mem::take(&mut scope.traces));
-            let kept = (
+            break (
                 registry,
                 status,
                 outputs,
-                std::mem::take(&mut scope.instances),
-                std::mem::take(&mut scope.dropped),
-                std::mem::take(&mut scope.file_owners),
-                traces,
+                scope.instances,
+                scope.dropped,
+                scope.file_owners,
+                (!scope.inspected).then_some(scope.traces),
             );
-            // The render's shared state and the rest of its scope: freed off this thread.
-            crate::drop_later((scope, ctx));
-            break kept;
         };
         let (haproxy_cfg, mut files, spans, pres) = outputs?;
         let mut dropped = dropped;

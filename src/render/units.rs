@@ -342,14 +342,9 @@ impl RenderCache {
         context: &serde_json::Map<String, serde_json::Value>,
         base_dir: &Option<String>,
     ) {
-        // The last render's index and unusable entries are freed off the render's thread.
-        if let Some(last) = self.last.take() {
-            crate::drop_later(last);
-        }
+        self.last = None;
         if !self.compatible(engine_id, context, base_dir) {
-            if !self.entries.is_empty() {
-                crate::drop_later(std::mem::take(&mut self.entries));
-            }
+            self.entries.clear();
             self.excluded.clear();
             self.engine_id = engine_id;
             self.context = Some(context.clone());
@@ -361,23 +356,7 @@ impl RenderCache {
 
     pub(super) fn sweep(&mut self) {
         let generation = self.generation;
-        // What unused entries hold is freed off the render's thread: their recordings and
-        // outcomes go there (the map only lets go of its references) with their arguments.
-        let mut stale = Vec::new();
-        self.entries.retain(|_, e| {
-            let keep = e.generation == generation;
-            if !keep {
-                stale.push((
-                    Arc::clone(&e.rec),
-                    Arc::clone(&e.outcome),
-                    std::mem::take(&mut e.args),
-                ));
-            }
-            keep
-        });
-        if !stale.is_empty() {
-            crate::drop_later(stale);
-        }
+        self.entries.retain(|_, e| e.generation == generation);
     }
 
     /// Marks every unit of the last render as proven by `haproxy -c`.
