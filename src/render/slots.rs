@@ -18,6 +18,7 @@
 //! Store and `current_config` reads are recorded like template reads, so render units that call
 //! this replay correctly.
 
+use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -177,18 +178,21 @@ pub(crate) fn server_lines(
 
     let mut out = String::with_capacity(40 * slots.len() + 80);
     if service.is_none() {
-        out.push_str(&format!(
+        let _ = write!(
+            out,
             "\n  # service {svc_ns}/{svc_name} not found: every slot is a placeholder"
-        ));
+        );
     } else if port_name.is_none() {
         let port_text = if super::safe::is_plain(&svc_port.to_string()) {
             svc_port.to_string()
         } else {
             "?".to_string()
         };
-        out.push_str(&format!(
-            "\n  # service {svc_ns}/{svc_name} has no port {port_text}: every slot is a placeholder"
-        ));
+        let _ = write!(
+            out,
+            "\n  # service {svc_ns}/{svc_name} has no port {port_text}: \
+             every slot is a placeholder"
+        );
     }
     endpoints.write_notes(&mut out);
     write_servers(&mut out, &slots, cookies.then_some(cookie_prefix.as_str()));
@@ -315,21 +319,21 @@ impl Endpoints {
     /// Comments for what was left out.
     fn write_notes(&self, out: &mut String) {
         if self.bad_addrs > 0 {
-            out.push_str(&format!(
+            let _ = write!(
+                out,
                 "\n  # {} endpoint address(es) left out: not an IPv4/IPv6 address",
                 self.bad_addrs
-            ));
+            );
         }
         if self.bad_ports > 0 {
-            out.push_str(&format!(
+            let _ = write!(
+                out,
                 "\n  # {} EndpointSlice(s) left out: port not in 1-65535",
                 self.bad_ports
-            ));
+            );
         }
         for ip in &self.refused {
-            out.push_str(&format!(
-                "\n  # endpoint {ip} refused by refuse_endpoint_ranges"
-            ));
+            let _ = write!(out, "\n  # endpoint {ip} refused by refuse_endpoint_ranges");
         }
     }
 }
@@ -382,18 +386,20 @@ fn assign_slots(endpoints: &[String], running: &[Server], slots_min: usize) -> V
 fn write_servers(out: &mut String, slots: &[Option<String>], cookies: Option<&str>) {
     for (i, slot) in slots.iter().enumerate().skip(1) {
         match slot {
-            None => out.push_str(&format!("\n  server SRV_{i} 127.0.0.1:1 disabled")),
+            None => {
+                let _ = write!(out, "\n  server SRV_{i} 127.0.0.1:1 disabled");
+            }
             Some(key) => {
                 let (addr, port) = key.split_once('|').unwrap_or((key, ""));
                 if addr.contains(':') {
-                    out.push_str(&format!("\n  server SRV_{i} [{addr}]:{port} enabled"));
+                    let _ = write!(out, "\n  server SRV_{i} [{addr}]:{port} enabled");
                 } else {
-                    out.push_str(&format!("\n  server SRV_{i} {addr}:{port} enabled"));
+                    let _ = write!(out, "\n  server SRV_{i} {addr}:{port} enabled");
                 }
             }
         }
         if let Some(prefix) = cookies {
-            out.push_str(&format!(" cookie {prefix}SRV_{i}"));
+            let _ = write!(out, " cookie {prefix}SRV_{i}");
         }
     }
 }
