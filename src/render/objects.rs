@@ -99,7 +99,16 @@ pub(crate) struct JsonNode {
 
 impl JsonNode {
     pub(crate) fn value(doc: Arc<Doc>) -> Value {
-        json_to_value(&doc, doc.root())
+        let root = doc.root();
+        match root.kind() {
+            // A whole object is handed out once per lookup (`list()`, `get()`): not worth
+            // keeping among the recent nodes.
+            Kind::Array | Kind::Object => {
+                let idx = root.index();
+                Value::from_object(JsonNode { doc, idx })
+            }
+            _ => json_to_value(&doc, root),
+        }
     }
 
     /// The same stored version of the same object, at the same place.
@@ -133,10 +142,7 @@ fn json_to_value(doc: &Arc<Doc>, node: NodeRef<'_>) -> Value {
             }
         }
         Kind::String => Value::from(node.as_str().unwrap_or_default()),
-        Kind::Array | Kind::Object => Value::from_object(JsonNode {
-            doc: doc.clone(),
-            idx: node.index(),
-        }),
+        Kind::Array | Kind::Object => recent_node(doc, node.index()),
     }
 }
 
@@ -178,6 +184,52 @@ impl Object for JsonNode {
     fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
         Some(self.node().len())
     }
+}
+
+/// How many object and array nodes each thread keeps handing out again ([`recent_node`]).
+const RECENT_NODES: usize = 32;
+
+/// The nodes a thread handed out last, with their document's address and index.
+#[derive(Default)]
+struct RecentNodes {
+    nodes: Vec<(usize, u32, Value)>,
+    next: usize,
+}
+
+thread_local! {
+    static RECENT: std::cell::RefCell<RecentNodes> = std::cell::RefCell::new(RecentNodes::default());
+}
+
+/// The template value of an object or array node. Templates read the same few objects field by
+/// field (`ing.metadata.name`, `ing.metadata.namespace`, `ing.spec.rules`, …), and every read of
+/// an object field would allocate its node again: the last [`RECENT_NODES`] nodes are handed out
+/// again instead (a node is immutable, and equal to a fresh one). The ring keeps that many nodes
+/// and their documents alive past their use; a document's address cannot be reused while the
+/// ring holds it, so the address identifies it.
+fn recent_node(doc: &Arc<Doc>, idx: u32) -> Value {
+    let addr = Arc::as_ptr(doc) as usize;
+    RECENT.with(|recent| {
+        let mut recent = recent.borrow_mut();
+        if let Some((_, _, value)) = recent
+            .nodes
+            .iter()
+            .find(|(a, i, _)| *a == addr && *i == idx)
+        {
+            return value.clone();
+        }
+        let value = Value::from_object(JsonNode {
+            doc: doc.clone(),
+            idx,
+        });
+        if recent.nodes.len() < RECENT_NODES {
+            recent.nodes.push((addr, idx, value.clone()));
+        } else {
+            let next = recent.next;
+            recent.nodes[next] = (addr, idx, value.clone());
+            recent.next = (next + 1) % RECENT_NODES;
+        }
+        value
+    })
 }
 
 /// Turns template arguments into index keys the way stores compute them.
