@@ -26,6 +26,12 @@ ensure_packages /usr/bin/time:time python3:python3
 
 which=${1:-all}
 
+# Builds the binary the images carry (scripts/build-static.sh) and prints its path.
+static_haptic() {
+  scripts/build-static.sh >/dev/null
+  realpath "${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/release/haptic"
+}
+
 bench_render() {
   # Through the six shipped libraries (the config the chart installs): N Ingresses, each with
   # a Service and an EndpointSlice of three endpoints. Full render, a re-render with nothing
@@ -35,8 +41,7 @@ bench_render() {
   cargo bench --quiet --bench render -- 1000 10000 2>/dev/null | grep -E '^render-(libraries|reconcile-reload)'
   # `haptic render` on the same 10,000 with the binary the images carry (the static musl
   # build, whose allocator is not glibc's): its render time and peak memory.
-  scripts/build-static.sh >/dev/null
-  local bin; bin=$(realpath "${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/release/haptic")
+  local bin; bin=$(static_haptic)
   local work; work=$(mktemp -d /tmp/haptic-bench.XXXXXX)
   python3 scripts/bench-objects.py 10000 > "$work/objects.yaml"
   local libs=()
@@ -58,8 +63,7 @@ bench_idle() {
   # keeps less memory resident than glibc's). The latency benchmark runs it as both
   # controllers (HAPTIC_BENCH_BIN) with one Ingress loaded; its setup line has their RSS.
   ensure_packages haproxy:haproxy openssl:openssl ss:iproute2
-  scripts/build-static.sh >/dev/null
-  local bin; bin=$(realpath "${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-musl/release/haptic")
+  local bin; bin=$(static_haptic)
   HAPTIC_BENCH_BIN=$bin BENCH_INGRESSES=1 BENCH_CHANGES=4 cargo bench --quiet --bench event_latency 2>/dev/null \
     | grep '^latency setup' | sed 's/^latency setup/idle binary=static-musl/'
 }
