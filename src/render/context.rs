@@ -2,7 +2,9 @@
 //! `current_config`. One set is created for each render and shared by `haproxy.cfg` and every
 //! auxiliary template of that render.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+
+use super::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use crate::lock;

@@ -1,16 +1,18 @@
 //! The filters and functions templates get beyond minijinja's builtins: `dig`, `fallback`,
 //! `b64decode`, `b64encode`, `regex_search`, `regex_replace`, `regex_escape`, `sort_by`,
-//! `glob_match`, `basename`, `sha256`, `fail`, `debug`, `first_seen`.
+//! `glob_match`, `basename`, `sha256`, `fail`, `debug`, `first_seen`, `has_prefixed_key`,
+//! `annotated`.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use minijinja::value::{Rest, Value, ValueKind};
+use minijinja::value::{Kwargs, Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
 use super::context::Shared;
 use super::glob::glob_match;
+use super::objects::JsonNode;
 
 /// Marks an error raised by `fail()`, whose message must reach users verbatim.
 #[derive(Debug)]
@@ -140,9 +142,72 @@ fn has_prefixed_key(map: Value, prefix: &str) -> bool {
     if map.kind() != ValueKind::Map {
         return false;
     }
+    if let Some(node) = map.downcast_object_ref::<JsonNode>() {
+        return node.has_key_prefixed(prefix);
+    }
     map.try_iter()
         .map(|mut keys| keys.any(|k| k.as_str().is_some_and(|k| k.starts_with(prefix))))
         .unwrap_or(false)
+}
+
+/// `objects | annotated(name)`, `objects | annotated(prefix=p)`: the objects, in order, that
+/// carry the annotation `name` with a value (as `obj.metadata.annotations[name]` is true), or
+/// an annotation whose key starts with `p`; with `or_field="spec.tls"`, also those whose field
+/// at that dotted path is true (a non-empty list, say). Annotation libraries look for the few
+/// annotated Ingresses among all of them, for each feature; done natively, a pass runs no
+/// template code per object (nine such passes took 30–40 ms of a full render at 10,000).
+fn annotated(objects: Value, name: Option<&str>, kwargs: Kwargs) -> Result<Value, Error> {
+    let prefix: Option<&str> = kwargs.get("prefix")?;
+    let or_field: Option<&str> = kwargs.get("or_field")?;
+    kwargs.assert_all_used()?;
+    if name.is_some() == prefix.is_some() {
+        return Err(invalid(
+            "annotated: give either an annotation name or prefix=, not both",
+        ));
+    }
+    let or_field: Vec<&str> = or_field.map(|f| f.split('.').collect()).unwrap_or_default();
+    if is_missing(&objects) {
+        return Ok(Value::from(Vec::<Value>::new()));
+    }
+    let mut kept = Vec::new();
+    for object in objects.try_iter()? {
+        let keep = match object.downcast_object_ref::<JsonNode>() {
+            Some(node) => {
+                let annotated = match (name, prefix) {
+                    (Some(name), _) => node
+                        .field(&["metadata", "annotations", name])
+                        .is_some_and(|v| v.is_true()),
+                    (_, Some(prefix)) => node.has_annotation_prefixed(prefix),
+                    _ => false,
+                };
+                annotated
+                    || (!or_field.is_empty() && node.field(&or_field).is_some_and(|v| v.is_true()))
+            }
+            // Not a stored object (a template-built map): the same tests, through the value.
+            None => {
+                let annotations = dig(
+                    object.clone(),
+                    Rest(vec![Value::from("metadata"), Value::from("annotations")]),
+                );
+                let annotated = match (name, prefix) {
+                    (Some(name), _) => dig(annotations, Rest(vec![Value::from(name)])).is_true(),
+                    (_, Some(prefix)) => has_prefixed_key(annotations, prefix),
+                    _ => false,
+                };
+                annotated
+                    || (!or_field.is_empty()
+                        && dig(
+                            object.clone(),
+                            Rest(or_field.iter().map(|k| Value::from(*k)).collect()),
+                        )
+                        .is_true())
+            }
+        };
+        if keep {
+            kept.push(object);
+        }
+    }
+    Ok(Value::from(kept))
 }
 
 /// `base | overlay(top)`: one map of both, `top`'s entries replacing `base`'s (a Service's
@@ -331,6 +396,7 @@ pub(crate) fn register(env: &mut Environment<'static>, snippet_names: Arc<[Strin
     env.add_function("first_seen", first_seen);
     env.add_function("unit", super::units::unit);
     env.add_filter("has_prefixed_key", has_prefixed_key);
+    env.add_filter("annotated", annotated);
     env.add_filter("overlay", overlay);
     env.add_test("having_prefixed_key", has_prefixed_key);
     env.add_function("server_lines", super::slots::server_lines);

@@ -116,6 +116,30 @@ impl JsonNode {
         Arc::ptr_eq(&self.doc, &other.doc) && self.idx == other.idx
     }
 
+    /// The field at `path` below this node as a template value; `None` when absent (or when
+    /// the path runs through something that is not an object).
+    pub(crate) fn field(&self, path: &[&str]) -> Option<Value> {
+        let found = path
+            .iter()
+            .try_fold(self.node(), |node, key| node.get(key))?;
+        Some(json_to_value(&self.doc, found))
+    }
+
+    /// Whether any key of the object's `metadata.annotations` starts with `prefix`.
+    pub(crate) fn has_annotation_prefixed(&self, prefix: &str) -> bool {
+        self.node()
+            .get("metadata")
+            .and_then(|m| m.get("annotations"))
+            .is_some_and(|a| a.members().any(|(key, _)| key.starts_with(prefix)))
+    }
+
+    /// Whether any key of this object node starts with `prefix`.
+    pub(crate) fn has_key_prefixed(&self, prefix: &str) -> bool {
+        self.node()
+            .members()
+            .any(|(key, _)| key.starts_with(prefix))
+    }
+
     fn node(&self) -> NodeRef<'_> {
         // `idx` was taken from a node of this document.
         self.doc.node(self.idx).unwrap_or_else(|| self.doc.root())

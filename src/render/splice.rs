@@ -21,7 +21,7 @@
 //! changed exclusion, a unit that now behaves differently) takes the full render, which
 //! replays what it can.
 
-use std::collections::HashMap;
+use super::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
@@ -55,7 +55,7 @@ pub(crate) struct LastRender {
     /// Where each printed unit is called: `(hash of its key, output, call)`, sorted, so that
     /// a splice finds its few changed units without hashing every call's key.
     places: Vec<(u64, u32, u32)>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: foldhash::fast::RandomState,
 }
 
 struct OutputState {
@@ -231,7 +231,7 @@ impl LastRender {
                 file,
             });
         }
-        let called: std::collections::HashSet<&UnitKey> = outputs
+        let called: super::HashSet<&UnitKey> = outputs
             .iter()
             .flat_map(|o| o.calls.iter().filter(|c| c.at.is_some()).map(|c| &*c.unit))
             .collect();
@@ -256,7 +256,7 @@ impl LastRender {
         for (i, rec) in others.iter().enumerate() {
             readers.add(&rec.reads, Reader::Other(i));
         }
-        let hasher = std::collections::hash_map::RandomState::new();
+        let hasher = foldhash::fast::RandomState::default();
         let mut places: Vec<(u64, u32, u32)> = Vec::new();
         for (o, output) in outputs.iter().enumerate() {
             for (c, call) in output.calls.iter().enumerate() {
@@ -414,7 +414,7 @@ impl Engine {
                 dirty.push(call.unit.clone());
             }
         }
-        let mut texts: HashMap<Arc<UnitKey>, (String, Arc<Recording>)> = HashMap::new();
+        let mut texts: HashMap<Arc<UnitKey>, (String, Arc<Recording>)> = HashMap::default();
         for unit in &dirty {
             let text = self.rerender(inputs, paths, cache, unit, last.passes)?;
             let rec = Arc::clone(&cache.entries.get(unit)?.rec);
@@ -529,7 +529,7 @@ impl Engine {
             paths,
             Arc::new(units::seeded_shared(&old)),
             std::mem::take(cache),
-            HashMap::new(),
+            HashMap::default(),
         );
         let result = units::rerender(&self.env, &unit.template, &args);
         let scope = units::leave()?;

@@ -176,6 +176,49 @@ fn filters() {
     }
 }
 
+/// `annotated` keeps, in order, the objects with the annotation (a value that is true), with an
+/// annotation key under a prefix, or (`or_field`) with a true field; stored objects and
+/// template-built maps answer alike.
+#[test]
+fn annotated_selects_in_order() {
+    let objects = [
+        doc(json!({"metadata": {"namespace": "a", "labels": {"group": "g"}, "name": "plain"}})),
+        doc(
+            json!({"metadata": {"namespace": "b", "labels": {"group": "g"}, "name": "on", "annotations": {"x.io/on": "yes", "y.io/a": "1"}}}),
+        ),
+        doc(
+            json!({"metadata": {"namespace": "c", "labels": {"group": "g"}, "name": "empty", "annotations": {"x.io/on": ""}}}),
+        ),
+        doc(
+            json!({"metadata": {"namespace": "d", "labels": {"group": "g"}, "name": "tls", "annotations": "not a map"}, "spec": {"tls": [{"secretName": "s"}]}}),
+        ),
+        doc(
+            json!({"metadata": {"namespace": "e", "labels": {"group": "g"}, "name": "notls", "annotations": {"x.io/other": "1"}}, "spec": {"tls": []}}),
+        ),
+    ];
+    let names = "{% for o in list %}{{ o.metadata.name }} {% endfor %}";
+    let template = format!(
+        "{{% set all = resources.things.list() %}}\
+         {{% set list = all | annotated('x.io/on') %}}{names}|\
+         {{% set list = all | annotated(prefix='x.io/') %}}{names}|\
+         {{% set list = all | annotated(prefix='y.io/', or_field='spec.tls') %}}{names}|\
+         {{% set list = [{{'metadata': {{'name': 'm', 'annotations': {{'x.io/on': 'y'}}}}}}, {{'metadata': {{'name': 'n'}}}}, {{'metadata': {{'name': 't'}}, 'spec': {{'tls': [1]}}}}] %}}\
+         {{% set list = list | annotated('x.io/on', or_field='spec.tls') %}}{names}|\
+         {{{{ none | annotated('x.io/on') | length }}}}"
+    );
+    assert_eq!(
+        render(&template, &objects).unwrap(),
+        "on |on empty notls |on tls |m t |0\n"
+    );
+    for bad in [
+        "{{ [] | annotated }}",
+        "{{ [] | annotated('a', prefix='b') }}",
+        "{{ [] | annotated('a', other='b') }}",
+    ] {
+        assert!(render(bad, &[]).is_err(), "{bad}");
+    }
+}
+
 #[test]
 fn sort_by_multi_key() {
     let out = render(
@@ -417,7 +460,7 @@ fn unchanged_units_replay_and_a_change_renders_only_its_units() {
     assert_eq!((cache.stats.rendered, cache.stats.replayed), (0, 6));
     assert_eq!(first, again);
     let changed = doc(
-        json!({"metadata": {"namespace": "b", "name": "y", "labels": {"group": "g1"}}, "data": {"port": 8080}}),
+        json!({"metadata": {"namespace": "b", "labels": {"group": "g"}, "name": "y", "labels": {"group": "g1"}}, "data": {"port": 8080}}),
     );
     let objects = [objects[0].clone(), changed, objects[2].clone()];
     let third = engine.render_cached(&inputs(&objects), &mut cache).unwrap();
@@ -502,7 +545,9 @@ impl Cluster {
 }
 
 fn port(name: &str, value: serde_json::Value) -> Arc<Doc> {
-    doc(json!({"metadata": {"namespace": "a", "name": name}, "data": {"port": value}}))
+    doc(
+        json!({"metadata": {"namespace": "a", "labels": {"group": "g"}, "name": name}, "data": {"port": value}}),
+    )
 }
 
 /// Renders incrementally and from scratch; both must be equal, unit spans included.

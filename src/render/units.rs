@@ -19,8 +19,8 @@
 //!
 //! The recorder is thread-local: a render runs on one thread, and nested units stack.
 
+use super::{HashMap, HashSet};
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -443,9 +443,9 @@ impl Scope {
                 .collect(),
             reported: failed.keys().cloned().collect(),
             failed,
-            newly_failed: HashMap::new(),
+            newly_failed: HashMap::default(),
             file_owners: Vec::new(),
-            timings: HashMap::new(),
+            timings: HashMap::default(),
             traces: Vec::new(),
             inspected: false,
         }
@@ -1026,7 +1026,7 @@ thread_local! {
     /// Unit argument names, one allocation each: every cached unit keeps its arguments, and
     /// the names are the templates' own. Bounded all the same, should a template ever splat
     /// data into keyword arguments.
-    static ARG_NAMES: RefCell<HashSet<Arc<str>>> = RefCell::new(HashSet::new());
+    static ARG_NAMES: RefCell<HashSet<Arc<str>>> = RefCell::new(HashSet::default());
 }
 
 const MAX_ARG_NAMES: usize = 1024;
