@@ -175,15 +175,16 @@ impl LastRender {
         if traces.len() != pres.len() || pres.len() != names.len() {
             return None;
         }
-        let span_index: HashMap<(&str, usize, usize, &UnitKey), usize> = rendered
-            .units
-            .iter()
-            .enumerate()
-            .map(|(i, s)| ((&*s.output, s.first, s.last, &*s.unit), i))
-            .collect();
-        if span_index.len() != rendered.units.len() {
-            return None;
-        }
+        // The spans are the outputs' marks in order (`render_outputs`): the n-th mark of all is
+        // the n-th span. Checked; should that ever not hold, the render is not kept.
+        let span_of = |n: usize, name: &str, mark: &Mark, unit: &Arc<UnitKey>| {
+            let s: &super::UnitSpan = rendered.units.get(n)?;
+            let same = Arc::ptr_eq(&s.unit, unit)
+                && (s.first, s.last) == (mark.first, mark.last)
+                && &*s.output == name;
+            same.then_some(n)
+        };
+        let mut printed = 0;
         let mut outputs = Vec::with_capacity(pres.len());
         for ((trace, pre), (name, path)) in traces.into_iter().zip(pres).zip(names) {
             let called = trace.calls.iter().filter(|c| c.instance.is_some()).count();
@@ -195,12 +196,13 @@ impl LastRender {
             let mut marks = pre.marks.iter();
             let mut calls = Vec::with_capacity(trace.calls.len());
             for call in trace.calls {
-                let rec = Arc::clone(&cache.entries.get(&call.unit)?.rec);
+                let entry = cache.entries.get(&call.unit)?;
+                let rec = Arc::clone(&entry.rec);
                 let at = match call.instance {
                     None => None,
                     Some(id) => {
                         let mark = *marks.next().filter(|m| m.id == id)?;
-                        let text = match &*cache.entries.get(&call.unit)?.outcome {
+                        let text = match &*entry.outcome {
                             Ok(text) => text,
                             Err(_) => return None,
                         };
@@ -209,8 +211,8 @@ impl LastRender {
                         {
                             return None;
                         }
-                        let span =
-                            *span_index.get(&(name.as_str(), mark.first, mark.last, &call.unit))?;
+                        let span = span_of(printed, name, &mark, &call.unit)?;
+                        printed += 1;
                         Some((mark, span))
                     }
                 };
@@ -231,18 +233,23 @@ impl LastRender {
                 file,
             });
         }
-        let called: super::HashSet<&UnitKey> = outputs
+        if printed != rendered.units.len() {
+            return None;
+        }
+        // A printed unit is its entry's own key (`Scope::instance` is given the entry's), so
+        // the printed units are told apart by address. A unit printed under another copy of
+        // its key would count among the others as well: a change to its inputs would then take
+        // the full render, never a wrong splice.
+        let called: super::HashSet<*const UnitKey> = outputs
             .iter()
-            .flat_map(|o| o.calls.iter().filter(|c| c.at.is_some()).map(|c| &*c.unit))
+            .flat_map(|o| o.calls.iter().filter(|c| c.at.is_some()))
+            .map(|c| Arc::as_ptr(&c.unit))
             .collect();
         let others: Vec<Arc<Recording>> = cache
             .entries
-            .iter()
-            .filter(|(k, _)| {
-                let k: &UnitKey = k;
-                !called.contains(&k)
-            })
-            .map(|(_, e)| Arc::clone(&e.rec))
+            .values()
+            .filter(|e| !called.contains(&Arc::as_ptr(&e.unit)))
+            .map(|e| Arc::clone(&e.rec))
             .collect();
         let mut excluded: Vec<Owner> = cache.excluded.keys().cloned().collect();
         excluded.sort();
