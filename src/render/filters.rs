@@ -169,41 +169,24 @@ fn annotated(objects: Value, name: Option<&str>, kwargs: Kwargs) -> Result<Value
     if is_missing(&objects) {
         return Ok(Value::from(Vec::<Value>::new()));
     }
+    // A stored object answers natively; a template-built map through `dig`.
+    let lookup = |object: &Value, path: &[&str]| match object.downcast_object_ref::<JsonNode>() {
+        Some(node) => node.field(path).unwrap_or_default(),
+        None => dig(
+            object.clone(),
+            Rest(path.iter().map(|k| Value::from(*k)).collect()),
+        ),
+    };
     let mut kept = Vec::new();
     for object in objects.try_iter()? {
-        let keep = match object.downcast_object_ref::<JsonNode>() {
-            Some(node) => {
-                let annotated = match (name, prefix) {
-                    (Some(name), _) => node
-                        .field(&["metadata", "annotations", name])
-                        .is_some_and(|v| v.is_true()),
-                    (_, Some(prefix)) => node.has_annotation_prefixed(prefix),
-                    _ => false,
-                };
-                annotated
-                    || (!or_field.is_empty() && node.field(&or_field).is_some_and(|v| v.is_true()))
+        let annotated = match (name, prefix) {
+            (Some(name), _) => lookup(&object, &["metadata", "annotations", name]).is_true(),
+            (_, Some(prefix)) => {
+                has_prefixed_key(lookup(&object, &["metadata", "annotations"]), prefix)
             }
-            // Not a stored object (a template-built map): the same tests, through the value.
-            None => {
-                let annotations = dig(
-                    object.clone(),
-                    Rest(vec![Value::from("metadata"), Value::from("annotations")]),
-                );
-                let annotated = match (name, prefix) {
-                    (Some(name), _) => dig(annotations, Rest(vec![Value::from(name)])).is_true(),
-                    (_, Some(prefix)) => has_prefixed_key(annotations, prefix),
-                    _ => false,
-                };
-                annotated
-                    || (!or_field.is_empty()
-                        && dig(
-                            object.clone(),
-                            Rest(or_field.iter().map(|k| Value::from(*k)).collect()),
-                        )
-                        .is_true())
-            }
+            _ => false,
         };
-        if keep {
+        if annotated || (!or_field.is_empty() && lookup(&object, &or_field).is_true()) {
             kept.push(object);
         }
     }

@@ -125,14 +125,6 @@ impl JsonNode {
         Some(json_to_value(&self.doc, found))
     }
 
-    /// Whether any key of the object's `metadata.annotations` starts with `prefix`.
-    pub(crate) fn has_annotation_prefixed(&self, prefix: &str) -> bool {
-        self.node()
-            .get("metadata")
-            .and_then(|m| m.get("annotations"))
-            .is_some_and(|a| a.members().any(|(key, _)| key.starts_with(prefix)))
-    }
-
     /// Whether any key of this object node starts with `prefix`.
     pub(crate) fn has_key_prefixed(&self, prefix: &str) -> bool {
         self.node()

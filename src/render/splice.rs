@@ -177,12 +177,12 @@ impl LastRender {
         }
         // The spans are the outputs' marks in order (`render_outputs`): the n-th mark of all is
         // the n-th span. Checked; should that ever not hold, the render is not kept.
-        let span_of = |n: usize, name: &str, mark: &Mark, unit: &Arc<UnitKey>| {
-            let s: &super::UnitSpan = rendered.units.get(n)?;
-            let same = Arc::ptr_eq(&s.unit, unit)
-                && (s.first, s.last) == (mark.first, mark.last)
-                && &*s.output == name;
-            same.then_some(n)
+        let is_span = |n: usize, name: &str, mark: &Mark, unit: &Arc<UnitKey>| {
+            rendered.units.get(n).is_some_and(|s| {
+                Arc::ptr_eq(&s.unit, unit)
+                    && (s.first, s.last) == (mark.first, mark.last)
+                    && &*s.output == name
+            })
         };
         let mut printed = 0;
         let mut outputs = Vec::with_capacity(pres.len());
@@ -211,7 +211,10 @@ impl LastRender {
                         {
                             return None;
                         }
-                        let span = span_of(printed, name, &mark, &call.unit)?;
+                        if !is_span(printed, name, &mark, &call.unit) {
+                            return None;
+                        }
+                        let span = printed;
                         printed += 1;
                         Some((mark, span))
                     }
