@@ -113,13 +113,18 @@ fn main() {
             let _ = std::fs::remove_dir_all(&work);
             return;
         }
-        // HAPTIC_BENCH_PROFILE_FULL=N: only N full renders (no cache), for a profiler; then stop.
+        // HAPTIC_BENCH_PROFILE_FULL=N: only N full renders as timed below (each into a new
+        // cache that it keeps), for a profiler; then stop.
         if let Some(runs) = std::env::var("HAPTIC_BENCH_PROFILE_FULL")
             .ok()
             .and_then(|n| n.parse::<usize>().ok())
         {
             for _ in 0..runs {
-                engine.render(&inputs(stores.clone())).expect("render");
+                let mut cache = RenderCache::new();
+                let rendered = engine
+                    .render_cached(&inputs(stores.clone()), &mut cache)
+                    .expect("render");
+                drop((rendered, cache));
             }
             let _ = std::fs::remove_dir_all(&work);
             return;

@@ -585,7 +585,8 @@ impl StatusCollector {
         let mut updates: Vec<_> = std::mem::take(&mut *lock(&self.updates))
             .into_iter()
             .collect();
-        updates.sort_by(|a, b| a.0.cmp(&b.0));
+        // The keys are a map's: unique, so an unstable sort gives the one order.
+        updates.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         updates
             .into_iter()
             .map(

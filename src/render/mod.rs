@@ -480,13 +480,26 @@ impl Engine {
         let mut dropped = dropped;
         dropped.sort_by(|a, b| a.owner.cmp(&b.owner));
         cache.sweep();
+        // Each instance's key and owner move into its span; only an instance printed more than
+        // once is cloned. (Cloning every one touches each unit's counts again, long after they
+        // left the cache: a cache miss per unit in a large render.)
+        let mut left = vec![0u32; instances.len()];
+        for (_, id, _, _) in &spans {
+            if let Some(n) = left.get_mut(*id) {
+                *n += 1;
+            }
+        }
+        let mut instances: Vec<Option<units::Instance>> = instances.into_iter().map(Some).collect();
         let units = spans
             .into_iter()
             .filter_map(|(output, id, first, last)| {
-                let i = instances.get(id)?;
+                let n = left.get_mut(id)?;
+                *n -= 1;
+                let slot = instances.get_mut(id)?;
+                let i = if *n == 0 { slot.take() } else { slot.clone() }?;
                 Some(UnitSpan {
-                    unit: i.unit.clone(),
-                    owner: i.owner.clone(),
+                    unit: i.unit,
+                    owner: i.owner,
                     output,
                     first,
                     last,

@@ -84,73 +84,53 @@ enum Reader {
     Other(usize),
 }
 
-/// The key of `current_config` readers in `LastRender::readers`.
-const CURRENT: &str = "\0current_config";
+/// The target of `current_config` readers in `LastRender::readers`: hashed as a store no
+/// store can be named (a resource name has no NUL).
+fn current_hash() -> u64 {
+    units::read_hash("\0current_config", &[])
+}
 
-/// Who read what, in the last render.
+/// Who read what, in the last render, by [`units::read_hash`] of the target.
 #[derive(Default)]
 struct Readers {
-    /// Per store (and `current_config`, under [`CURRENT`]): every reader.
-    all: HashMap<String, Vec<Reader>>,
+    /// Per store (and `current_config`, [`current_hash`]): every reader.
+    all: HashMap<u64, Vec<Reader>>,
     /// Per store: readers of `list()`.
-    lists: HashMap<String, Vec<Reader>>,
-    /// Per store and looked-up keys ([`lookup`]): readers of `fetch` and `get`.
-    lookups: HashMap<String, Vec<Reader>>,
+    lists: HashMap<u64, Vec<Reader>>,
+    /// Per store and looked-up keys: readers of `fetch` and `get`.
+    lookups: HashMap<u64, Vec<Reader>>,
 }
 
-/// The `Readers::lookups` key of a lookup.
-fn lookup(store: &str, keys: &[String]) -> String {
-    let mut out = String::new();
-    write_lookup(&mut out, store, keys);
-    out
-}
-
-fn write_lookup(out: &mut String, store: &str, keys: &[String]) {
-    out.clear();
-    out.push_str(store);
-    for k in keys {
-        out.push('\0');
-        out.push_str(k);
-    }
-}
-
-fn push_once(list: &mut Vec<Reader>, reader: Reader) {
+fn add_reader(map: &mut HashMap<u64, Vec<Reader>>, key: u64, reader: Reader) {
+    let list = map.entry(key).or_default();
     if list.last() != Some(&reader) {
         list.push(reader);
-    }
-}
-
-/// Adds `reader` under `key`, allocating the key only the first time it is seen (this runs
-/// for every read of every unit when a render is kept for splicing).
-fn add_reader(map: &mut HashMap<String, Vec<Reader>>, key: &str, reader: Reader) {
-    match map.get_mut(key) {
-        Some(list) => push_once(list, reader),
-        None => {
-            map.insert(key.to_string(), vec![reader]);
-        }
     }
 }
 
 impl Readers {
     /// Adds `reader` for everything `reads` touch.
     fn add(&mut self, reads: &[Read], reader: Reader) {
-        let mut key = String::new();
         for read in reads {
             match read {
                 Read::Store(r) => {
-                    add_reader(&mut self.all, &r.store, reader);
+                    add_reader(&mut self.all, r.store_hash, reader);
                     match r.method {
-                        units::StoreMethod::List => add_reader(&mut self.lists, &r.store, reader),
-                        _ => {
-                            write_lookup(&mut key, &r.store, &r.keys);
-                            add_reader(&mut self.lookups, &key, reader)
+                        units::StoreMethod::List => {
+                            add_reader(&mut self.lists, r.store_hash, reader)
                         }
+                        _ => add_reader(&mut self.lookups, r.keys_hash, reader),
                     }
                 }
-                Read::Current { .. } => add_reader(&mut self.all, CURRENT, reader),
+                Read::Current { .. } => add_reader(&mut self.all, current_hash(), reader),
                 _ => {}
             }
         }
+    }
+
+    /// The readers of `target` in `map` (a superset when two targets share a hash).
+    fn of(map: &HashMap<u64, Vec<Reader>>, target: u64) -> &[Reader] {
+        map.get(&target).map(Vec::as_slice).unwrap_or_default()
     }
 }
 
@@ -206,9 +186,9 @@ impl LastRender {
                             Ok(text) => text,
                             Err(_) => return None,
                         };
-                        if text.contains(MARK_START)
-                            || pre.text.get(mark.start..mark.end)? != text.as_str()
-                        {
+                        // The text without markers has none left, so a unit text equal to
+                        // its place there has no nested unit in it.
+                        if pre.text.get(mark.start..mark.end)? != text.as_str() {
                             return None;
                         }
                         if !is_span(printed, name, &mark, &call.unit) {
@@ -376,26 +356,25 @@ impl Engine {
         let calls: usize = last.outputs.iter().map(|o| o.calls.len()).sum();
         let max_spliced = (calls / 4).max(MIN_SPLICED);
         let mut candidates: Vec<Reader> = Vec::new();
-        fn found<'a>(map: &'a HashMap<String, Vec<Reader>>, key: &str) -> &'a [Reader] {
-            map.get(key).map(Vec::as_slice).unwrap_or_default()
-        }
+        let readers = &last.readers;
         for name in &changed {
+            let store = units::read_hash(name, &[]);
             match changed_keys.get(name) {
                 // A lookup by keys K answers differently only if a changed key starts with K.
                 Some(touched) => {
-                    candidates.extend_from_slice(found(&last.readers.lists, name));
+                    candidates.extend_from_slice(Readers::of(&readers.lists, store));
                     for key in touched {
                         for n in 0..=key.len() {
-                            let at = lookup(name, &key[..n]);
-                            candidates.extend_from_slice(found(&last.readers.lookups, &at));
+                            let at = units::read_hash(name, &key[..n]);
+                            candidates.extend_from_slice(Readers::of(&readers.lookups, at));
                         }
                     }
                 }
-                None => candidates.extend_from_slice(found(&last.readers.all, name)),
+                None => candidates.extend_from_slice(Readers::of(&readers.all, store)),
             }
         }
         if !same_current {
-            candidates.extend_from_slice(found(&last.readers.all, CURRENT));
+            candidates.extend_from_slice(Readers::of(&readers.all, current_hash()));
         }
         candidates.sort_unstable_by_key(|r| match *r {
             Reader::Top(o) => (0, o, 0),

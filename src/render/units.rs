@@ -160,6 +160,10 @@ pub(super) struct StoreRead {
     pub store: String,
     pub method: StoreMethod,
     pub keys: Vec<String>,
+    /// [`read_hash`] of the store, and of the store and keys: taken while they are at hand,
+    /// so that indexing the readers of a large render does not chase every key's string.
+    pub store_hash: u64,
+    pub keys_hash: u64,
     pub result: Vec<Arc<crate::store::Doc>>,
     /// The store's version when the answer was last known to hold (0: no such store).
     pub version: Stamp,
@@ -452,6 +456,7 @@ impl Scope {
     }
 }
 
+#[derive(Clone)]
 pub(super) struct Instance {
     /// Shared with the render's unit spans.
     pub unit: Arc<UnitKey>,
@@ -544,6 +549,15 @@ pub(super) fn note_effect(effect: Effect, undo: Undo) {
     with_frame(|frame| frame.push_effect(effect, undo));
 }
 
+/// The hash of a store read's target (a store, or a store and the keys looked up) under which
+/// the splicing index files its readers. Seeded at random once per process; two targets that
+/// collide only make a splice check a reader more (each candidate's reads are checked).
+pub(super) fn read_hash(store: &str, keys: &[String]) -> u64 {
+    use std::hash::BuildHasher;
+    static STATE: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    STATE.get_or_init(Default::default).hash_one((store, keys))
+}
+
 pub(super) fn note_store_read(
     store: &str,
     version: u64,
@@ -556,6 +570,8 @@ pub(super) fn note_store_read(
             store: store.to_string(),
             method,
             keys: keys.to_vec(),
+            store_hash: read_hash(store, &[]),
+            keys_hash: read_hash(store, keys),
             result: result.to_vec(),
             version: Stamp(std::sync::atomic::AtomicU64::new(version)),
         })));
@@ -723,6 +739,7 @@ pub(super) fn input_unchanged(
                 keys,
                 result,
                 version,
+                ..
             } = &**r;
             let Some(s) = stores.get(store) else {
                 return result.is_empty();
