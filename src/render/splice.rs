@@ -22,7 +22,6 @@
 //! replays what it can.
 
 use super::HashMap;
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use super::current_config::CurrentConfig;
@@ -55,7 +54,6 @@ pub(crate) struct LastRender {
     /// Where each printed unit is called: `(hash of its key, output, call)`, sorted, so that
     /// a splice finds its few changed units without hashing every call's key.
     places: Vec<(u64, u32, u32)>,
-    hasher: foldhash::fast::RandomState,
 }
 
 struct OutputState {
@@ -246,13 +244,12 @@ impl LastRender {
         for (i, rec) in others.iter().enumerate() {
             readers.add(&rec.reads, Reader::Other(i));
         }
-        let hasher = foldhash::fast::RandomState::default();
         let mut places: Vec<(u64, u32, u32)> = Vec::new();
         for (o, output) in outputs.iter().enumerate() {
             for (c, call) in output.calls.iter().enumerate() {
                 if call.at.is_some() {
                     let (o, c) = (u32::try_from(o).ok()?, u32::try_from(c).ok()?);
-                    places.push((hasher.hash_one(&call.unit), o, c));
+                    places.push((call.unit.prehash(), o, c));
                 }
             }
         }
@@ -267,13 +264,12 @@ impl LastRender {
             rendered: rendered.clone(),
             excluded,
             places,
-            hasher,
         })
     }
 
     /// The `(output, call)` places where `unit` is printed.
     fn places_of(&self, unit: &UnitKey) -> Vec<(usize, usize)> {
-        let hash = self.hasher.hash_one(unit);
+        let hash = unit.prehash();
         let from = self.places.partition_point(|p| p.0 < hash);
         self.places[from..]
             .iter()
@@ -520,7 +516,7 @@ impl Engine {
             std::mem::take(cache),
             HashMap::default(),
         );
-        let result = units::rerender(&self.env, &unit.template, &args);
+        let result = units::rerender(&self.env, unit.template(), &args);
         let scope = units::leave()?;
         let clean = scope.dropped.is_empty() && scope.newly_failed.is_empty();
         *cache = scope.cache;

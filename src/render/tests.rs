@@ -587,7 +587,7 @@ fn a_change_only_units_see_is_spliced_into_the_last_output() {
     let y = out
         .units
         .iter()
-        .find(|u| u.unit.key == "object a/y")
+        .find(|u| u.unit.key() == "object a/y")
         .unwrap();
     assert!(y.fresh);
     assert_eq!(

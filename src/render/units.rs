@@ -40,10 +40,71 @@ pub const MARK_ID_END: char = '\u{E001}';
 pub const MARK_END: char = '\u{E002}';
 
 /// Identifies a unit across renders: its template and its key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone)]
 pub struct UnitKey {
-    pub template: String,
-    pub key: String,
+    template: String,
+    key: String,
+    /// [`process_hash`] of both, taken once: a unit's key is hashed several times a render
+    /// (cache lookups, the splicing index), mostly long after its strings left the cache.
+    hash: u64,
+}
+
+impl UnitKey {
+    pub fn new(template: String, key: String) -> UnitKey {
+        let hash = process_hash(&(template.as_str(), key.as_str()));
+        UnitKey {
+            template,
+            key,
+            hash,
+        }
+    }
+
+    pub fn template(&self) -> &str {
+        &self.template
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The hash taken at creation (equal keys have equal hashes, in this process).
+    pub(super) fn prehash(&self) -> u64 {
+        self.hash
+    }
+}
+
+impl PartialEq for UnitKey {
+    fn eq(&self, other: &UnitKey) -> bool {
+        self.hash == other.hash && self.template == other.template && self.key == other.key
+    }
+}
+
+impl Eq for UnitKey {}
+
+impl std::hash::Hash for UnitKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialOrd for UnitKey {
+    fn partial_cmp(&self, other: &UnitKey) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for UnitKey {
+    fn cmp(&self, other: &UnitKey) -> std::cmp::Ordering {
+        (&self.template, &self.key).cmp(&(&other.template, &other.key))
+    }
+}
+
+/// A hash seeded at random once per process, for values hashed once and looked up by that
+/// hash later in the same process (never stored or sent anywhere).
+pub(super) fn process_hash<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::BuildHasher;
+    static STATE: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    STATE.get_or_init(Default::default).hash_one(value)
 }
 
 impl fmt::Display for UnitKey {
@@ -553,9 +614,7 @@ pub(super) fn note_effect(effect: Effect, undo: Undo) {
 /// the splicing index files its readers. Seeded at random once per process; two targets that
 /// collide only make a splice check a reader more (each candidate's reads are checked).
 pub(super) fn read_hash(store: &str, keys: &[String]) -> u64 {
-    use std::hash::BuildHasher;
-    static STATE: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
-    STATE.get_or_init(Default::default).hash_one((store, keys))
+    process_hash(&(store, keys))
 }
 
 pub(super) fn note_store_read(
@@ -966,10 +1025,7 @@ fn unit_inner(state: &State, template: &str, kwargs: Kwargs) -> Result<Value, Er
             ))
         }
     };
-    let ukey = UnitKey {
-        template: template.to_string(),
-        key,
-    };
+    let ukey = UnitKey::new(template.to_string(), key);
     let owner = owner.unwrap_or_else(|| Owner {
         name: ukey.to_string(),
         ..Owner::default()
