@@ -435,6 +435,11 @@ impl Collector {
         lock(&self.items).clone()
     }
 
+    /// `f` of the items, locked meanwhile (`f` must not reach this collector).
+    pub(crate) fn with_items<R>(&self, f: impl FnOnce(&[Value]) -> R) -> R {
+        f(&lock(&self.items))
+    }
+
     fn push(&self, item: Value) {
         lock(&self.items).push(item);
     }

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use minijinja::value::{Kwargs, Rest, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 
-use super::context::Shared;
+use super::context::{Collector, Shared};
 use super::glob::glob_match;
 use super::objects::JsonNode;
 
@@ -177,20 +177,44 @@ fn annotated(objects: Value, name: Option<&str>, kwargs: Kwargs) -> Result<Value
             Rest(path.iter().map(|k| Value::from(*k)).collect()),
         ),
     };
-    let mut kept = Vec::new();
-    for object in objects.try_iter()? {
+    let keep = |object: &Value| {
         let annotated = match (name, prefix) {
-            (Some(name), _) => lookup(&object, &["metadata", "annotations", name]).is_true(),
+            (Some(name), _) => lookup(object, &["metadata", "annotations", name]).is_true(),
             (_, Some(prefix)) => {
-                has_prefixed_key(lookup(&object, &["metadata", "annotations"]), prefix)
+                has_prefixed_key(lookup(object, &["metadata", "annotations"]), prefix)
             }
             _ => false,
         };
-        if annotated || (!or_field.is_empty() && lookup(&object, &or_field).is_true()) {
+        annotated || (!or_field.is_empty() && lookup(object, &or_field).is_true())
+    };
+    if let Some(kept) = stored_in_place(&objects, &keep) {
+        return Ok(Value::from(kept));
+    }
+    let mut kept = Vec::new();
+    for object in objects.try_iter()? {
+        if keep(&object) {
             kept.push(object);
         }
     }
     Ok(Value::from(kept))
+}
+
+/// The items of `list` (a list or a collector) that `keep` picks, in order, tested where they
+/// are: taking them one at a time copies the list and touches every object's count twice,
+/// which costs more than the test itself in a large render. Only when every item is a stored
+/// object (`None` otherwise): testing those cannot reach a collector, and a collector's items
+/// stay locked meanwhile.
+fn stored_in_place(list: &Value, keep: &dyn Fn(&Value) -> bool) -> Option<Vec<Value>> {
+    let pick = |items: &[Value]| {
+        items
+            .iter()
+            .all(|i| i.downcast_object_ref::<JsonNode>().is_some())
+            .then(|| items.iter().filter(|i| keep(i)).cloned().collect())
+    };
+    if let Some(collector) = list.downcast_object_ref::<Collector>() {
+        return collector.with_items(pick);
+    }
+    pick(list.downcast_object_ref::<Vec<Value>>()?)
 }
 
 /// `base | overlay(top)`: one map of both, `top`'s entries replacing `base`'s (a Service's

@@ -204,11 +204,18 @@ fn annotated_selects_in_order() {
          {{% set list = all | annotated(prefix='y.io/', or_field='spec.tls') %}}{names}|\
          {{% set list = [{{'metadata': {{'name': 'm', 'annotations': {{'x.io/on': 'y'}}}}}}, {{'metadata': {{'name': 'n'}}}}, {{'metadata': {{'name': 't'}}, 'spec': {{'tls': [1]}}}}] %}}\
          {{% set list = list | annotated('x.io/on', or_field='spec.tls') %}}{names}|\
-         {{{{ none | annotated('x.io/on') | length }}}}"
+         {{{{ none | annotated('x.io/on') | length }}}}|\
+         {{% set c = collector() %}}{{% for o in all %}}{{% do c.append(o) %}}{{% endfor %}}\
+         {{% set list = c | annotated(prefix='x.io/', or_field='spec.tls') %}}{names}|\
+         {{% set list = (all | list) + [{{'metadata': {{'name': 'm', 'annotations': {{'x.io/on': 'y'}}}}}}] %}}\
+         {{% set list = list | annotated('x.io/on') %}}{names}|\
+         {{% set c = collector() %}}{{% do c.append(c) %}}{{{{ c | annotated('x.io/on') | length }}}}"
     );
+    // Stored objects are tested in place (a list, a collector); a list with anything else
+    // in it, such as a collector holding itself, item by item.
     assert_eq!(
         render(&template, &objects).unwrap(),
-        "on |on empty notls |on tls |m t |0\n"
+        "on |on empty notls |on tls |m t |0|on empty tls notls |on m |0\n"
     );
     for bad in [
         "{{ [] | annotated }}",
