@@ -32,6 +32,19 @@ fn median(runs: usize, mut f: impl FnMut() -> Duration) -> Duration {
     times[times.len() / 2]
 }
 
+/// The median of timings of `f` taken for at least `budget` and at least `runs` times (an odd
+/// number): on a shared machine one run in several is slowed by others, and the growth from
+/// 1,000 to 10,000 divides two medians, so each rests on as many runs as the budget allows.
+fn median_over(budget: Duration, runs: usize, mut f: impl FnMut() -> Duration) -> Duration {
+    let started = Instant::now();
+    let mut times = Vec::new();
+    while times.len() < runs || started.elapsed() < budget || times.len() % 2 == 0 {
+        times.push(f());
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
 fn main() {
     // RUST_LOG=debug prints per-template and per-unit-template timings of every render.
     if let Some(level) = std::env::var("RUST_LOG")
@@ -131,7 +144,7 @@ fn main() {
         }
         // A full render as the reconciler's first one: into a new cache that it keeps. The
         // time is until the result is the caller's; what the caller keeps is freed untimed.
-        let full = median(3, || {
+        let full = median_over(Duration::from_secs(3), 5, || {
             let mut cache = RenderCache::new();
             let started = Instant::now();
             let rendered = engine
