@@ -385,7 +385,6 @@ impl Drop for Controller {
 pub struct Cluster {
     pub api: DevApiServer,
     pub client: Client,
-    pub dir: TempDir,
     pub certs: PathBuf,
     pub agent_port: u16,
     pub http_port: u16,
@@ -398,6 +397,9 @@ pub struct Cluster {
     pub insecure_agents: bool,
     /// The HAProxy binary controllers validate with.
     pub controller_haproxy: String,
+    /// Last, so dropped last (fields drop in order): the pods' agents and the controllers stop
+    /// before their directory goes, or an agent's last state write leaves it behind.
+    pub dir: TempDir,
 }
 
 pub fn pods_resource() -> ResourceRef {
