@@ -126,25 +126,9 @@ fn main() {
             let _ = std::fs::remove_dir_all(&work);
             return;
         }
-        // HAPTIC_BENCH_PROFILE_FULL=N: only N full renders as timed below (each into a new
-        // cache that it keeps), for a profiler; then stop.
-        if let Some(runs) = std::env::var("HAPTIC_BENCH_PROFILE_FULL")
-            .ok()
-            .and_then(|n| n.parse::<usize>().ok())
-        {
-            for _ in 0..runs {
-                let mut cache = RenderCache::new();
-                let rendered = engine
-                    .render_cached(&inputs(stores.clone()), &mut cache)
-                    .expect("render");
-                drop((rendered, cache));
-            }
-            let _ = std::fs::remove_dir_all(&work);
-            return;
-        }
         // A full render as the reconciler's first one: into a new cache that it keeps. The
         // time is until the result is the caller's; what the caller keeps is freed untimed.
-        let full = median_over(Duration::from_secs(3), 5, || {
+        let full_render = || {
             let mut cache = RenderCache::new();
             let started = Instant::now();
             let rendered = engine
@@ -153,7 +137,19 @@ fn main() {
             let took = started.elapsed();
             drop((rendered, cache));
             took
-        });
+        };
+        // HAPTIC_BENCH_PROFILE_FULL=N: only N of those full renders, for a profiler; then stop.
+        if let Some(runs) = std::env::var("HAPTIC_BENCH_PROFILE_FULL")
+            .ok()
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            for _ in 0..runs {
+                full_render();
+            }
+            let _ = std::fs::remove_dir_all(&work);
+            return;
+        }
+        let full = median_over(Duration::from_secs(3), 5, full_render);
         let mut cache = RenderCache::new();
         let rendered = engine
             .render_cached(&inputs(stores.clone()), &mut cache)
