@@ -12,10 +12,11 @@ pub mod parse;
 pub mod path;
 pub(crate) mod selector;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::Value;
 
@@ -134,6 +135,67 @@ fn unpack(packed: &str) -> Vec<String> {
     parts
 }
 
+/// The hash of a packed index key, seeded at random once per process, so that no one can
+/// choose keys that share a bucket.
+fn key_hash(packed: &str) -> u64 {
+    #[cfg(test)]
+    if COLLIDE.with(std::cell::Cell::get) {
+        return 0;
+    }
+    static STATE: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
+    STATE.get_or_init(Default::default).hash_one(packed)
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Every key hashes alike (tests of the buckets' checks).
+    static COLLIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// The objects whose whole index key has one hash, in namespace/name order: nearly always one
+/// object, of one key.
+#[derive(Debug, Clone)]
+enum Bucket {
+    One(Arc<Doc>),
+    Many(Vec<Arc<Doc>>),
+}
+
+impl Bucket {
+    fn objects(&self) -> &[Arc<Doc>] {
+        match self {
+            Bucket::One(object) => std::slice::from_ref(object),
+            Bucket::Many(objects) => objects,
+        }
+    }
+
+    fn insert(&mut self, object: Arc<Doc>) {
+        if let Bucket::One(first) = self {
+            *self = Bucket::Many(vec![first.clone()]);
+        }
+        if let Bucket::Many(objects) = self {
+            let key = doc_key(&object);
+            let at = objects.partition_point(|o| doc_key(o) < key);
+            objects.insert(at, object);
+        }
+    }
+
+    /// Takes `object` out (by identity); whether the bucket is empty now.
+    fn remove(&mut self, object: &Arc<Doc>) -> bool {
+        match self {
+            Bucket::One(o) => Arc::ptr_eq(o, object),
+            Bucket::Many(objects) => {
+                objects.retain(|o| !Arc::ptr_eq(o, object));
+                if objects.len() == 1 {
+                    let only = objects[0].clone();
+                    *self = Bucket::One(only);
+                    return false;
+                }
+                objects.is_empty()
+            }
+        }
+    }
+}
+
 /// How many recent changes a store remembers for [`Store::changed_since`].
 const CHANGE_LOG: usize = 1024;
 
@@ -155,6 +217,11 @@ pub struct Store {
     /// is its object key (`indexBy` namespace and name, the common case): `objects` is then
     /// in index order already and serves as the index, saving a second entry per object.
     index: Option<BTreeMap<Arc<str>, Arc<Doc>>>,
+    /// Every object again, by the hash of its whole packed index key: a lookup by a whole key
+    /// (a Service by namespace and name, a Service's EndpointSlices) is one probe, where a
+    /// B-tree descent compares key strings that each lie elsewhere in memory (in a large
+    /// store, a cache miss per comparison).
+    exact: HashMap<u64, Bucket, BuildHasherDefault<doc::Passthrough>>,
     /// Stamped on every change.
     version: u64,
     /// The index keys the latest changes touched (old and new), by version, oldest first;
@@ -173,6 +240,7 @@ impl Store {
             index_by: index_by.into(),
             objects: BTreeMap::new(),
             index: (!by_object_key).then(BTreeMap::new),
+            exact: HashMap::default(),
             version,
             log: VecDeque::new(),
             log_floor: version,
@@ -286,6 +354,16 @@ impl Store {
             Some(old_key) if old_key != index_key => self.log_change(&[&old_key, &index_key]),
             _ => self.log_change(&[&index_key]),
         }
+        let mut whole = String::new();
+        pack(&index_key, &mut whole);
+        match self.exact.entry(key_hash(&whole)) {
+            std::collections::hash_map::Entry::Occupied(mut bucket) => {
+                bucket.get_mut().insert(object.clone())
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(Bucket::One(object.clone()));
+            }
+        }
         let indexed = self.index.as_mut().map(|index| {
             let mut indexed = String::new();
             pack(&index_key, &mut indexed);
@@ -298,18 +376,43 @@ impl Store {
         Ok(())
     }
 
-    /// Removes the index entry of an object taken out of `objects` (under `packed`); its
+    /// Removes the index entries of an object taken out of `objects` (under `packed`); its
     /// index key.
     fn unindex(&mut self, packed: &str, old: &Entry) -> Vec<String> {
-        let Some(indexed) = &old.indexed else {
-            return unpack(packed);
+        let index_key = match &old.indexed {
+            None => unpack(packed),
+            Some(indexed) => {
+                if let Some(index) = &mut self.index {
+                    index.remove(indexed);
+                }
+                let mut index_key = unpack(indexed);
+                index_key.truncate(index_key.len().saturating_sub(2));
+                index_key
+            }
         };
-        if let Some(index) = &mut self.index {
-            index.remove(indexed);
+        let mut whole = String::new();
+        pack(&index_key, &mut whole);
+        let hash = key_hash(&whole);
+        if self
+            .exact
+            .get_mut(&hash)
+            .is_some_and(|bucket| bucket.remove(&old.object))
+        {
+            self.exact.remove(&hash);
         }
-        let mut index_key = unpack(indexed);
-        index_key.truncate(index_key.len().saturating_sub(2));
         index_key
+    }
+
+    /// Whether `object`'s index key is `keys` (all of it).
+    fn has_index_key(&self, object: &Doc, keys: &[String]) -> bool {
+        self.index_by
+            .iter()
+            .zip(keys)
+            .all(|(expr, key)| match expr.get_node(object.root()) {
+                Some(node) if node.kind() == doc::Kind::String => node.as_str() == Some(key),
+                Some(_) => expr.key_of_node(object.root()).as_deref() == Some(key),
+                None => false,
+            })
     }
 
     /// Gives the store an index of its own (every object's index key was its object key).
@@ -365,6 +468,17 @@ impl Store {
         }
         let mut prefix = String::new();
         pack(keys, &mut prefix);
+        if keys.len() == self.index_by.len() {
+            let Some(bucket) = self.exact.get(&key_hash(&prefix)) else {
+                return Ok(Vec::new());
+            };
+            return Ok(bucket
+                .objects()
+                .iter()
+                .filter(|o| self.has_index_key(o, keys))
+                .cloned()
+                .collect());
+        }
         let Some(index) = &self.index else {
             // Index keys are object keys: `objects` is the index, in namespace/name order.
             let prefix: Box<str> = prefix.into();
@@ -379,10 +493,6 @@ impl Store {
         let found = index
             .range(prefix.clone()..)
             .take_while(|(indexed, _)| indexed.starts_with(&*prefix));
-        if keys.len() == self.index_by.len() {
-            // One composite key: the index already orders its objects by namespace/name.
-            return Ok(found.map(|(_, o)| o.clone()).collect());
-        }
         // Prefix matches span several composite keys; restore namespace/name order.
         let mut found: Vec<(ObjectKey, &Arc<Doc>)> =
             found.filter_map(|(_, o)| Some((doc_key(o)?, o))).collect();
@@ -492,6 +602,83 @@ mod tests {
 
     fn k(parts: &[&str]) -> Vec<String> {
         parts.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// The objects whose index key is `keys`, found the slow way: every object, in order.
+    fn scanned(s: &Store, keys: &[String]) -> Vec<String> {
+        let found: Vec<Arc<Doc>> = s
+            .list()
+            .filter(|o| {
+                s.index_by
+                    .iter()
+                    .map(|e| e.key_of_node(o.root()))
+                    .eq(keys.iter().map(|k| Some(k.clone())))
+            })
+            .cloned()
+            .collect();
+        names(&found)
+    }
+
+    /// Random upserts (moving objects between keys, making a namespace a number) and deletes,
+    /// with every whole-key lookup checked against a scan after each step: in stores keyed by
+    /// namespace and name and by a label, and with every key hashed alike, so that each
+    /// lookup must tell apart the objects of other keys in its bucket.
+    #[test]
+    fn whole_key_lookups_answer_as_a_scan_of_every_object() {
+        for collide in [false, true] {
+            COLLIDE.with(|c| c.set(collide));
+            let mut rng: u64 = 0x2545_f491_4f6c_dd1d;
+            let mut next = |n: u64| {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng % n
+            };
+            let mut by_label = store();
+            let mut by_name = Store::indexed_by(&k(&["metadata.namespace", "metadata.name"]));
+            let namespaces = ["a", "b", "a\0", "7"];
+            for _ in 0..600 {
+                let ns = namespaces[next(4) as usize];
+                let name = format!("n{}", next(6));
+                let service = format!("s{}", next(3));
+                match next(5) {
+                    0 => {
+                        let key = (ns.to_string(), name);
+                        by_label.delete(&key);
+                        by_name.delete(&key);
+                    }
+                    1 if ns == "7" => {
+                        // A namespace the API server would never send: a number. It is
+                        // still a key, in decimal.
+                        let v = json!({"metadata": {"namespace": 7, "name": name,
+                            "labels": {"kubernetes.io/service-name": service}}});
+                        let doc = Arc::new(Doc::from_value(&v).unwrap());
+                        let _ = by_label.upsert(doc.clone());
+                        let _ = by_name.upsert(doc);
+                    }
+                    _ => {
+                        by_label.upsert(slice(ns, &name, &service)).unwrap();
+                        by_name.upsert(slice(ns, &name, &service)).unwrap();
+                    }
+                }
+                for ns in namespaces {
+                    for second in ["s0", "s1", "s2", "n0", "n1", "n2", "n3", "n4", "n5"] {
+                        let keys = [ns.to_string(), second.to_string()];
+                        for s in [&by_label, &by_name] {
+                            assert_eq!(
+                                names(&s.fetch(&keys).unwrap()),
+                                scanned(s, &keys),
+                                "{keys:?} (every key hashed alike: {collide})"
+                            );
+                        }
+                    }
+                }
+            }
+            assert!(by_label.len() > 10 && by_name.len() > 10);
+            let buckets: usize = by_label.exact.values().map(|b| b.objects().len()).sum();
+            assert_eq!(buckets, by_label.len(), "every object once in the buckets");
+        }
+        COLLIDE.with(|c| c.set(false));
     }
 
     #[test]
