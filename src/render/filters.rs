@@ -433,3 +433,99 @@ pub(crate) fn register(env: &mut Environment<'static>, snippet_names: Arc<[Strin
         names
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The order `sort_by` promises, compared on the items themselves: numbers numerically,
+    /// booleans false first, strings lexically, mixed kinds by their printed form, missing
+    /// last, ties in their first order.
+    fn reference(a: &Value, b: &Value) -> Ordering {
+        match (is_missing(a), is_missing(b)) {
+            (true, true) => return Ordering::Equal,
+            (true, false) => return Ordering::Greater,
+            (false, true) => return Ordering::Less,
+            _ => {}
+        }
+        if a.is_number() && b.is_number() {
+            let x = f64::try_from(a.clone()).unwrap_or(0.0);
+            let y = f64::try_from(b.clone()).unwrap_or(0.0);
+            return x.partial_cmp(&y).unwrap_or(Ordering::Equal);
+        }
+        if a.kind() == ValueKind::Bool && b.kind() == ValueKind::Bool {
+            return a.is_true().cmp(&b.is_true());
+        }
+        a.to_string().cmp(&b.to_string())
+    }
+
+    /// Keys that share a long prefix, keys that are prefixes of others or end in NUL bytes,
+    /// and every kind mixed, in random lists: `sort_by` orders them as the reference does,
+    /// ties kept.
+    #[test]
+    fn sort_by_orders_as_comparing_the_items() {
+        let pool: Vec<Value> = vec![
+            Value::from("host-0001.example.com/a"),
+            Value::from("host-0001.example.com/b"),
+            Value::from("host-0001"),
+            Value::from("host-000"),
+            Value::from("host-0001\0"),
+            Value::from("host\0\0\0\0\0"),
+            Value::from("host"),
+            Value::from(""),
+            Value::from("\u{e9}t\u{e9}"),
+            Value::from("zz"),
+            Value::from(10),
+            Value::from(9.5),
+            Value::from(-1),
+            Value::from(true),
+            Value::from(false),
+            Value::from(()),
+            Value::UNDEFINED,
+            Value::from("10"),
+            Value::from("true"),
+        ];
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        for round in 0..200 {
+            let mut next = || {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed
+            };
+            let n = (next() % 40) as usize;
+            // Each item: a key and its position, so that ties show their order.
+            let items: Vec<Value> = (0..n)
+                .map(|i| {
+                    let key = pool[(next() % pool.len() as u64) as usize].clone();
+                    let mut map = std::collections::BTreeMap::new();
+                    if !key.is_undefined() {
+                        map.insert("k".to_string(), key);
+                    }
+                    map.insert("i".to_string(), Value::from(i));
+                    Value::from(map)
+                })
+                .collect();
+            let descending = round % 2 == 1;
+            let spec = if descending { "$.k:desc" } else { "$.k" };
+            let sorted = sort_by(Value::from(items.clone()), Value::from(spec)).unwrap();
+            let mut expected = items.clone();
+            expected.sort_by(|a, b| {
+                let ord = reference(
+                    &a.get_attr("k").unwrap_or_default(),
+                    &b.get_attr("k").unwrap_or_default(),
+                );
+                if descending {
+                    ord.reverse()
+                } else {
+                    ord
+                }
+            });
+            assert_eq!(
+                sorted.try_iter().unwrap().collect::<Vec<_>>(),
+                expected,
+                "round {round}"
+            );
+        }
+    }
+}
