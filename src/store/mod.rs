@@ -110,10 +110,10 @@ fn pack<S: AsRef<str>>(parts: &[S], out: &mut String) {
     }
 }
 
-fn packed_key(key: &ObjectKey) -> Box<str> {
+fn packed_key(key: &ObjectKey) -> Arc<str> {
     let mut out = String::with_capacity(key.0.len() + key.1.len() + 2);
     pack(&[&key.0, &key.1], &mut out);
-    out.into_boxed_str()
+    Arc::from(out)
 }
 
 /// The parts of a packed string.
@@ -152,29 +152,32 @@ thread_local! {
     static COLLIDE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// The objects whose whole index key has one hash, in namespace/name order: nearly always one
-/// object, of one key.
+/// An object with its key in the store's ordered index: the packed object key in `objects`, or
+/// the packed index key and object key in `index`. Either starts with the packed index key.
+type Keyed = (Arc<str>, Arc<Doc>);
+
+/// The objects whose whole index key has one hash, ordered by their keys (so by index key,
+/// then namespace and name): nearly always one object, of one key.
 #[derive(Debug, Clone)]
 enum Bucket {
-    One(Arc<Doc>),
-    Many(Vec<Arc<Doc>>),
+    One(Keyed),
+    Many(Vec<Keyed>),
 }
 
 impl Bucket {
-    fn objects(&self) -> &[Arc<Doc>] {
+    fn objects(&self) -> &[Keyed] {
         match self {
             Bucket::One(object) => std::slice::from_ref(object),
             Bucket::Many(objects) => objects,
         }
     }
 
-    fn insert(&mut self, object: Arc<Doc>) {
+    fn insert(&mut self, object: Keyed) {
         if let Bucket::One(first) = self {
             *self = Bucket::Many(vec![first.clone()]);
         }
         if let Bucket::Many(objects) = self {
-            let key = doc_key(&object);
-            let at = objects.partition_point(|o| doc_key(o) < key);
+            let at = objects.partition_point(|(key, _)| **key < *object.0);
             objects.insert(at, object);
         }
     }
@@ -182,9 +185,9 @@ impl Bucket {
     /// Takes `object` out (by identity); whether the bucket is empty now.
     fn remove(&mut self, object: &Arc<Doc>) -> bool {
         match self {
-            Bucket::One(o) => Arc::ptr_eq(o, object),
+            Bucket::One((_, o)) => Arc::ptr_eq(o, object),
             Bucket::Many(objects) => {
-                objects.retain(|o| !Arc::ptr_eq(o, object));
+                objects.retain(|(_, o)| !Arc::ptr_eq(o, object));
                 if objects.len() == 1 {
                     let only = objects[0].clone();
                     *self = Bucket::One(only);
@@ -212,15 +215,15 @@ fn next_version() -> u64 {
 pub struct Store {
     index_by: Arc<[PathExpr]>,
     /// By packed object key (namespace, name).
-    objects: BTreeMap<Box<str>, Entry>,
+    objects: BTreeMap<Arc<str>, Entry>,
     /// By packed index key followed by the object key. `None` while every object's index key
     /// is its object key (`indexBy` namespace and name, the common case): `objects` is then
     /// in index order already and serves as the index, saving a second entry per object.
     index: Option<BTreeMap<Arc<str>, Arc<Doc>>>,
-    /// Every object again, by the hash of its whole packed index key: a lookup by a whole key
-    /// (a Service by namespace and name, a Service's EndpointSlices) is one probe, where a
-    /// B-tree descent compares key strings that each lie elsewhere in memory (in a large
-    /// store, a cache miss per comparison).
+    /// Every object again, with its key in the ordered index, by the hash of its whole packed
+    /// index key: a lookup by a whole key (a Service by namespace and name, a Service's
+    /// EndpointSlices) is one probe and one key comparison, where a B-tree descent compares
+    /// key strings that each lie elsewhere in memory (in a large store, a cache miss each).
     exact: HashMap<u64, Bucket, BuildHasherDefault<doc::Passthrough>>,
     /// Stamped on every change.
     version: u64,
@@ -354,16 +357,6 @@ impl Store {
             Some(old_key) if old_key != index_key => self.log_change(&[&old_key, &index_key]),
             _ => self.log_change(&[&index_key]),
         }
-        let mut whole = String::new();
-        pack(&index_key, &mut whole);
-        match self.exact.entry(key_hash(&whole)) {
-            std::collections::hash_map::Entry::Occupied(mut bucket) => {
-                bucket.get_mut().insert(object.clone())
-            }
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(Bucket::One(object.clone()));
-            }
-        }
         let indexed = self.index.as_mut().map(|index| {
             let mut indexed = String::new();
             pack(&index_key, &mut indexed);
@@ -372,8 +365,26 @@ impl Store {
             index.insert(indexed.clone(), object.clone());
             indexed
         });
+        let keyed = (
+            indexed.clone().unwrap_or_else(|| packed.clone()),
+            object.clone(),
+        );
         self.objects.insert(packed, Entry { indexed, object });
+        self.add_exact(&index_key, keyed);
         Ok(())
+    }
+
+    fn add_exact(&mut self, index_key: &[String], keyed: Keyed) {
+        let mut whole = String::new();
+        pack(index_key, &mut whole);
+        match self.exact.entry(key_hash(&whole)) {
+            std::collections::hash_map::Entry::Occupied(mut bucket) => {
+                bucket.get_mut().insert(keyed)
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(Bucket::One(keyed));
+            }
+        }
     }
 
     /// Removes the index entries of an object taken out of `objects` (under `packed`); its
@@ -403,27 +414,22 @@ impl Store {
         index_key
     }
 
-    /// Whether `object`'s index key is `keys` (all of it).
-    fn has_index_key(&self, object: &Doc, keys: &[String]) -> bool {
-        self.index_by
-            .iter()
-            .zip(keys)
-            .all(|(expr, key)| match expr.get_node(object.root()) {
-                Some(node) if node.kind() == doc::Kind::String => node.as_str() == Some(key),
-                Some(_) => expr.key_of_node(object.root()).as_deref() == Some(key),
-                None => false,
-            })
-    }
-
     /// Gives the store an index of its own (every object's index key was its object key).
     fn separate_index(&mut self) {
         let mut index = BTreeMap::new();
+        let mut keyed = Vec::with_capacity(self.objects.len());
         for (packed, entry) in &mut self.objects {
             let indexed: Arc<str> = Arc::from(format!("{packed}{packed}"));
             index.insert(indexed.clone(), entry.object.clone());
+            keyed.push((unpack(packed), (indexed.clone(), entry.object.clone())));
             entry.indexed = Some(indexed);
         }
         self.index = Some(index);
+        // Buckets hold each object's key in the index, which has just changed.
+        self.exact.clear();
+        for (index_key, keyed) in keyed {
+            self.add_exact(&index_key, keyed);
+        }
     }
 
     /// Removes exactly this object; others sharing its index key stay.
@@ -472,19 +478,23 @@ impl Store {
             let Some(bucket) = self.exact.get(&key_hash(&prefix)) else {
                 return Ok(Vec::new());
             };
+            // Each key starts with its whole packed index key, which ends where the object
+            // key starts: a key that starts with `prefix` is of an object under `keys`.
             return Ok(bucket
                 .objects()
                 .iter()
-                .filter(|o| self.has_index_key(o, keys))
-                .cloned()
+                .filter(|(key, _)| key.starts_with(&*prefix))
+                .map(|(_, object)| object.clone())
                 .collect());
         }
         let Some(index) = &self.index else {
             // Index keys are object keys: `objects` is the index, in namespace/name order.
-            let prefix: Box<str> = prefix.into();
             return Ok(self
                 .objects
-                .range(prefix.clone()..)
+                .range::<str, _>((
+                    std::ops::Bound::Included(&*prefix),
+                    std::ops::Bound::Unbounded,
+                ))
                 .take_while(|(packed, _)| packed.starts_with(&*prefix))
                 .map(|(_, e)| e.object.clone())
                 .collect());
