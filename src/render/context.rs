@@ -421,14 +421,56 @@ pub(crate) struct Collector {
     items: Mutex<Vec<Value>>,
     /// Set when the collector lives in `shared`: appends to it are effects units record.
     shared_key: Option<String>,
+    /// The annotations of the items while they stay as they are, when every item is a stored
+    /// object (see [`Collector::annotated`]). Locked after `items`, never before.
+    annotations: Mutex<Option<Arc<Annotations>>>,
 }
+
+/// The annotations of a list of stored objects: for each object whose `metadata.annotations`
+/// is a map (by its position in the list), the map's keys and whether each value is true.
+#[derive(Debug)]
+pub(crate) struct Annotations(Vec<(usize, super::objects::AnnotationKeys)>);
 
 impl Collector {
     pub(crate) fn shared(key: &str, items: Vec<Value>) -> Collector {
         Collector {
             items: Mutex::new(items),
             shared_key: Some(key.to_string()),
+            annotations: Mutex::new(None),
         }
+    }
+
+    /// The items whose annotations `pick` accepts, in order; `None` when an item is not a
+    /// stored object. Annotation libraries select from one list of all Ingresses many times a
+    /// render: the annotations are read once for all of them, so that each selection does not
+    /// go through every object again (in a large render, a cache miss or more per object).
+    pub(crate) fn annotated(
+        &self,
+        pick: impl Fn(&[(Box<str>, bool)]) -> bool,
+    ) -> Option<Vec<Value>> {
+        let items = lock(&self.items);
+        let mut annotations = lock(&self.annotations);
+        let index = match &*annotations {
+            Some(index) => index.clone(),
+            None => {
+                let mut rows = Vec::new();
+                for (at, item) in items.iter().enumerate() {
+                    let node = item.downcast_object_ref::<super::objects::JsonNode>()?;
+                    if let Some(keys) = node.annotations() {
+                        rows.push((at, keys));
+                    }
+                }
+                annotations.insert(Arc::new(Annotations(rows))).clone()
+            }
+        };
+        Some(
+            index
+                .0
+                .iter()
+                .filter(|(_, keys)| pick(keys))
+                .filter_map(|(at, _)| items.get(*at).cloned())
+                .collect(),
+        )
     }
 
     pub(crate) fn snapshot(&self) -> Vec<Value> {
@@ -441,11 +483,15 @@ impl Collector {
     }
 
     fn push(&self, item: Value) {
-        lock(&self.items).push(item);
+        let mut items = lock(&self.items);
+        items.push(item);
+        *lock(&self.annotations) = None;
     }
 
     fn pop(&self) {
-        lock(&self.items).pop();
+        let mut items = lock(&self.items);
+        items.pop();
+        *lock(&self.annotations) = None;
     }
 }
 

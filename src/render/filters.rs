@@ -187,6 +187,18 @@ fn annotated(objects: Value, name: Option<&str>, kwargs: Kwargs) -> Result<Value
         };
         annotated || (!or_field.is_empty() && lookup(object, &or_field).is_true())
     };
+    if or_field.is_empty() {
+        if let Some(collector) = objects.downcast_object_ref::<Collector>() {
+            let pick = |keys: &[(Box<str>, bool)]| match (name, prefix) {
+                (Some(name), _) => keys.iter().any(|(k, on)| *on && **k == *name),
+                (_, Some(prefix)) => keys.iter().any(|(k, _)| k.starts_with(prefix)),
+                _ => false,
+            };
+            if let Some(kept) = collector.annotated(pick) {
+                return Ok(Value::from(kept));
+            }
+        }
+    }
     if let Some(kept) = stored_in_place(&objects, &keep) {
         return Ok(Value::from(kept));
     }

@@ -89,6 +89,9 @@ impl Object for UnitContext {
     }
 }
 
+/// An object's annotation keys, each with whether its value is true.
+pub(crate) type AnnotationKeys = Box<[(Box<str>, bool)]>;
+
 /// A node inside a shared, immutable stored object. Exposing an object to a template costs
 /// nothing until a template touches a field, and the stored object is never copied.
 #[derive(Debug)]
@@ -123,6 +126,17 @@ impl JsonNode {
             .iter()
             .try_fold(self.node(), |node, key| node.get(key))?;
         Some(json_to_value(&self.doc, found))
+    }
+
+    /// The keys of `metadata.annotations` when it is a map, each with whether its value is
+    /// true (as `obj.metadata.annotations[key]` is in a template).
+    pub(crate) fn annotations(&self) -> Option<AnnotationKeys> {
+        let map = self.node().get("metadata")?.get("annotations")?;
+        (map.kind() == Kind::Object).then(|| {
+            map.members()
+                .map(|(key, value)| (key.into(), json_to_value(&self.doc, value).is_true()))
+                .collect()
+        })
     }
 
     /// Whether any key of this object node starts with `prefix`.
