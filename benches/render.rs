@@ -40,6 +40,13 @@ fn median_over(budget: Duration, runs: usize, mut f: impl FnMut() -> Duration) -
     let mut times = Vec::new();
     while times.len() < runs || started.elapsed() < budget || times.len() % 2 == 0 {
         times.push(f());
+        if std::env::var_os("HAPTIC_BENCH_TIMES").is_some() {
+            eprintln!(
+                "run {} {:.1} ms",
+                times.len(),
+                times[times.len() - 1].as_secs_f64() * 1e3
+            );
+        }
     }
     times.sort();
     times[times.len() / 2]
