@@ -625,7 +625,7 @@ pub(crate) type StatusKey = (String, String, String, String);
 /// `status`: collects desired statuses; the last `set` for an object wins.
 #[derive(Debug, Default)]
 pub(crate) struct StatusCollector {
-    updates: Mutex<HashMap<StatusKey, Arc<serde_json::Value>>>,
+    updates: Mutex<super::PrehashedMap<StatusKey, Arc<serde_json::Value>>>,
     /// The last status set, reused when the next one is equal.
     last: Mutex<Option<Arc<serde_json::Value>>>,
 }
@@ -635,6 +635,7 @@ impl StatusCollector {
     pub(crate) fn take(&self) -> Vec<StatusUpdate> {
         let mut updates: Vec<_> = std::mem::take(&mut *lock(&self.updates))
             .into_iter()
+            .map(|(key, status)| (key.into_key(), status))
             .collect();
         // The keys are a map's: unique, so an unstable sort gives the one order.
         updates.sort_unstable_by(|a, b| a.0.cmp(&b.0));
@@ -657,7 +658,7 @@ impl StatusCollector {
         key: StatusKey,
         status: Arc<serde_json::Value>,
     ) -> Option<Arc<serde_json::Value>> {
-        lock(&self.updates).insert(key, status)
+        lock(&self.updates).insert(super::Prehashed::new(key), status)
     }
 
     /// `status` as an `Arc`, the one of the last status set when they are equal.
@@ -677,10 +678,10 @@ impl StatusCollector {
         let mut updates = lock(&self.updates);
         match old {
             Some(v) => {
-                updates.insert(key, v);
+                updates.insert(super::Prehashed::new(key), v);
             }
             None => {
-                updates.remove(&key);
+                updates.remove(&super::Prehashed::new(key));
             }
         }
     }

@@ -37,6 +37,49 @@ pub use units::{Dropped, Owner, RenderCache, UnitKey, UnitSpan};
 pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 pub(crate) type HashSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;
 
+/// A key with its hash, taken once when the key is made. A table that grows hashes its keys
+/// again, and in a large render those are strings that have long left the cache (a miss or more
+/// per key); with each hash beside its key, growing reads the table alone.
+#[derive(Debug, Clone)]
+pub(crate) struct Prehashed<K> {
+    hash: u64,
+    key: K,
+}
+
+impl<K: std::hash::Hash> Prehashed<K> {
+    pub(crate) fn new(key: K) -> Prehashed<K> {
+        let hash = units::process_hash(&key);
+        Prehashed { hash, key }
+    }
+}
+
+impl<K> Prehashed<K> {
+    pub(crate) fn into_key(self) -> K {
+        self.key
+    }
+}
+
+impl<K: PartialEq> PartialEq for Prehashed<K> {
+    fn eq(&self, other: &Prehashed<K>) -> bool {
+        self.hash == other.hash && self.key == other.key
+    }
+}
+
+impl<K: Eq> Eq for Prehashed<K> {}
+
+impl<K> std::hash::Hash for Prehashed<K> {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// A map of [`Prehashed`] keys, which hashes nothing itself.
+pub(crate) type PrehashedMap<K, V> = std::collections::HashMap<
+    Prehashed<K>,
+    V,
+    std::hash::BuildHasherDefault<crate::store::doc::Passthrough>,
+>;
+
 /// Evaluation budget of one template render — each output template, and each render unit
 /// separately: stops runaway loops and recursion in about a second (~20 ns per step), well
 /// inside an admission webhook's timeout. A runaway unit leaves its owner out (and is

@@ -825,9 +825,9 @@ pub(super) fn fx_hash(bytes: &[u8]) -> u64 {
     h
 }
 
-/// The hasher of the offsets map: its keys are hashes already.
+/// The hasher of maps whose keys are hashes already, or carry theirs.
 #[derive(Default)]
-pub(super) struct Passthrough(u64);
+pub(crate) struct Passthrough(u64);
 
 impl std::hash::Hasher for Passthrough {
     fn finish(&self) -> u64 {
