@@ -156,45 +156,69 @@ thread_local! {
 /// the packed index key and object key in `index`. Either starts with the packed index key.
 type Keyed = (Arc<str>, Arc<Doc>);
 
-/// The objects whose whole index key has one hash, ordered by their keys (so by index key,
-/// then namespace and name): nearly always one object, of one key.
+/// The objects whose whole index key has one hash, by their keys (so by index key, then
+/// namespace and name): nearly always one object. Many share one index key when `indexBy`
+/// groups them (a Service's EndpointSlices, or every object of a namespace): a B-tree keeps
+/// adding and removing one of them logarithmic.
 #[derive(Debug, Clone)]
 enum Bucket {
     One(Keyed),
-    Many(Vec<Keyed>),
+    Many(BTreeMap<Arc<str>, Arc<Doc>>),
 }
 
 impl Bucket {
-    fn objects(&self) -> &[Keyed] {
+    fn insert(&mut self, (key, object): Keyed) {
         match self {
-            Bucket::One(object) => std::slice::from_ref(object),
-            Bucket::Many(objects) => objects,
-        }
-    }
-
-    fn insert(&mut self, object: Keyed) {
-        if let Bucket::One(first) = self {
-            *self = Bucket::Many(vec![first.clone()]);
-        }
-        if let Bucket::Many(objects) = self {
-            let at = objects.partition_point(|(key, _)| **key < *object.0);
-            objects.insert(at, object);
-        }
-    }
-
-    /// Takes `object` out (by identity); whether the bucket is empty now.
-    fn remove(&mut self, object: &Arc<Doc>) -> bool {
-        match self {
-            Bucket::One((_, o)) => Arc::ptr_eq(o, object),
+            Bucket::One((first, first_object)) => {
+                let many = BTreeMap::from([(first.clone(), first_object.clone()), (key, object)]);
+                *self = Bucket::Many(many);
+            }
             Bucket::Many(objects) => {
-                objects.retain(|(_, o)| !Arc::ptr_eq(o, object));
+                objects.insert(key, object);
+            }
+        }
+    }
+
+    /// Takes out the object under `key`; whether the bucket is empty now.
+    fn remove(&mut self, key: &str) -> bool {
+        match self {
+            Bucket::One((first, _)) => **first == *key,
+            Bucket::Many(objects) => {
+                objects.remove(key);
                 if objects.len() == 1 {
-                    let only = objects[0].clone();
-                    *self = Bucket::One(only);
+                    if let Some((key, object)) = objects.pop_first() {
+                        *self = Bucket::One((key, object));
+                    }
                     return false;
                 }
                 objects.is_empty()
             }
+        }
+    }
+
+    /// The objects whose key starts with `prefix`, in order.
+    fn starting_with(&self, prefix: &str) -> Vec<Arc<Doc>> {
+        match self {
+            Bucket::One((key, object)) => key
+                .starts_with(prefix)
+                .then(|| vec![object.clone()])
+                .unwrap_or_default(),
+            Bucket::Many(objects) => objects
+                .range::<str, _>((
+                    std::ops::Bound::Included(prefix),
+                    std::ops::Bound::Unbounded,
+                ))
+                .take_while(|(key, _)| key.starts_with(prefix))
+                .map(|(_, object)| object.clone())
+                .collect(),
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        match self {
+            Bucket::One(_) => 1,
+            Bucket::Many(objects) => objects.len(),
         }
     }
 }
@@ -407,7 +431,7 @@ impl Store {
         if self
             .exact
             .get_mut(&hash)
-            .is_some_and(|bucket| bucket.remove(&old.object))
+            .is_some_and(|bucket| bucket.remove(old.indexed.as_deref().unwrap_or(packed)))
         {
             self.exact.remove(&hash);
         }
@@ -480,12 +504,7 @@ impl Store {
             };
             // Each key starts with its whole packed index key, which ends where the object
             // key starts: a key that starts with `prefix` is of an object under `keys`.
-            return Ok(bucket
-                .objects()
-                .iter()
-                .filter(|(key, _)| key.starts_with(&*prefix))
-                .map(|(_, object)| object.clone())
-                .collect());
+            return Ok(bucket.starting_with(&prefix));
         }
         let Some(index) = &self.index else {
             // Index keys are object keys: `objects` is the index, in namespace/name order.
@@ -646,6 +665,8 @@ mod tests {
             };
             let mut by_label = store();
             let mut by_name = Store::indexed_by(&k(&["metadata.namespace", "metadata.name"]));
+            // Every object of a namespace under one key: large buckets.
+            let mut by_namespace = Store::indexed_by(&k(&["metadata.namespace"]));
             let namespaces = ["a", "b", "a\0", "7"];
             for _ in 0..600 {
                 let ns = namespaces[next(4) as usize];
@@ -656,6 +677,7 @@ mod tests {
                         let key = (ns.to_string(), name);
                         by_label.delete(&key);
                         by_name.delete(&key);
+                        by_namespace.delete(&key);
                     }
                     1 if ns == "7" => {
                         // A namespace the API server would never send: a number. It is
@@ -664,14 +686,22 @@ mod tests {
                             "labels": {"kubernetes.io/service-name": service}}});
                         let doc = Arc::new(Doc::from_value(&v).unwrap());
                         let _ = by_label.upsert(doc.clone());
+                        let _ = by_namespace.upsert(doc.clone());
                         let _ = by_name.upsert(doc);
                     }
                     _ => {
                         by_label.upsert(slice(ns, &name, &service)).unwrap();
                         by_name.upsert(slice(ns, &name, &service)).unwrap();
+                        by_namespace.upsert(slice(ns, &name, &service)).unwrap();
                     }
                 }
                 for ns in namespaces {
+                    let keys = [ns.to_string()];
+                    assert_eq!(
+                        names(&by_namespace.fetch(&keys).unwrap()),
+                        scanned(&by_namespace, &keys),
+                        "{keys:?} (every key hashed alike: {collide})"
+                    );
                     for second in ["s0", "s1", "s2", "n0", "n1", "n2", "n3", "n4", "n5"] {
                         let keys = [ns.to_string(), second.to_string()];
                         for s in [&by_label, &by_name] {
@@ -684,8 +714,8 @@ mod tests {
                     }
                 }
             }
-            assert!(by_label.len() > 10 && by_name.len() > 10);
-            let buckets: usize = by_label.exact.values().map(|b| b.objects().len()).sum();
+            assert!(by_label.len() > 10 && by_name.len() > 10 && by_namespace.len() > 10);
+            let buckets: usize = by_label.exact.values().map(Bucket::len).sum();
             assert_eq!(buckets, by_label.len(), "every object once in the buckets");
         }
         COLLIDE.with(|c| c.set(false));
