@@ -342,27 +342,28 @@ impl SortKey {
     }
 }
 
-/// Numbers numerically, strings lexically, anything else by its printed form; missing last.
+/// Numbers first, numerically; then everything else by its printed form (strings lexically,
+/// `false` before `true`); missing values last. A total order whatever the items hold: sorting
+/// with one that is not (a number compared with a string by their printed forms, but with
+/// another number by value) may panic in the standard library's sort, and a tenant's value
+/// must not stop the render.
 fn compare(a: &Value, b: &Value) -> Ordering {
-    match (is_missing(a), is_missing(b)) {
-        (true, true) => return Ordering::Equal,
-        (true, false) => return Ordering::Greater,
-        (false, true) => return Ordering::Less,
-        _ => {}
-    }
-    if a.is_number() && b.is_number() {
-        let (x, y) = (
-            f64::try_from(a.clone()).unwrap_or(0.0),
-            f64::try_from(b.clone()).unwrap_or(0.0),
-        );
-        return x.partial_cmp(&y).unwrap_or(Ordering::Equal);
-    }
-    if a.kind() == ValueKind::Bool && b.kind() == ValueKind::Bool {
-        return a.is_true().cmp(&b.is_true());
-    }
-    match (a.as_str(), b.as_str()) {
-        (Some(x), Some(y)) => x.cmp(y),
-        _ => a.to_string().cmp(&b.to_string()),
+    let class = |v: &Value| match () {
+        _ if is_missing(v) => 2,
+        _ if v.is_number() => 0,
+        _ => 1,
+    };
+    match (class(a), class(b)) {
+        (0, 0) => {
+            let x = f64::try_from(a.clone()).unwrap_or(f64::NAN);
+            let y = f64::try_from(b.clone()).unwrap_or(f64::NAN);
+            x.total_cmp(&y)
+        }
+        (1, 1) => match (a.as_str(), b.as_str()) {
+            (Some(x), Some(y)) => x.cmp(y),
+            _ => a.to_string().cmp(&b.to_string()),
+        },
+        (x, y) => x.cmp(&y),
     }
 }
 
@@ -450,94 +451,138 @@ pub(crate) fn register(env: &mut Environment<'static>, snippet_names: Arc<[Strin
 mod tests {
     use super::*;
 
-    /// The order `sort_by` promises, compared on the items themselves: numbers numerically,
-    /// booleans false first, strings lexically, mixed kinds by their printed form, missing
-    /// last, ties in their first order.
-    fn reference(a: &Value, b: &Value) -> Ordering {
-        match (is_missing(a), is_missing(b)) {
-            (true, true) => return Ordering::Equal,
-            (true, false) => return Ordering::Greater,
-            (false, true) => return Ordering::Less,
-            _ => {}
-        }
-        if a.is_number() && b.is_number() {
-            let x = f64::try_from(a.clone()).unwrap_or(0.0);
-            let y = f64::try_from(b.clone()).unwrap_or(0.0);
-            return x.partial_cmp(&y).unwrap_or(Ordering::Equal);
-        }
-        if a.kind() == ValueKind::Bool && b.kind() == ValueKind::Bool {
-            return a.is_true().cmp(&b.is_true());
-        }
-        a.to_string().cmp(&b.to_string())
+    fn sorted(items: Vec<Value>, spec: &str) -> Vec<Value> {
+        let items: Vec<Value> = items
+            .into_iter()
+            .map(|k| {
+                let mut map = std::collections::BTreeMap::new();
+                if !k.is_undefined() {
+                    map.insert("k".to_string(), k);
+                }
+                Value::from(map)
+            })
+            .collect();
+        sort_by(Value::from(items), Value::from(spec))
+            .unwrap()
+            .try_iter()
+            .unwrap()
+            .map(|i| i.get_attr("k").unwrap_or_default())
+            .collect()
     }
 
-    /// Keys that share a long prefix, keys that are prefixes of others or end in NUL bytes,
-    /// and every kind mixed, in random lists: `sort_by` orders them as the reference does,
-    /// ties kept.
+    /// The documented order on a mix of every kind: numbers by value (NaN after them), then
+    /// the rest by printed form, then missing values.
     #[test]
-    fn sort_by_orders_as_comparing_the_items() {
+    fn sort_by_orders_numbers_then_printed_forms_then_missing() {
+        let mix = vec![
+            Value::from("b"),
+            Value::UNDEFINED,
+            Value::from(10),
+            Value::from("10"),
+            Value::from(true),
+            Value::from(9.5),
+            Value::from(f64::NAN),
+            Value::from(()),
+            Value::from(false),
+            Value::from(-1),
+            Value::from(""),
+        ];
+        let printed: Vec<String> = sorted(mix.clone(), "$.k")
+            .iter()
+            .map(|v| {
+                if v.is_undefined() {
+                    "-".into()
+                } else {
+                    v.to_string()
+                }
+            })
+            .collect();
+        // Booleans print as `True` and `False`; `none` counts as missing, as an absent key
+        // does (ties keep their order).
+        assert_eq!(
+            printed,
+            ["-1", "9.5", "10", "NaN", "", "10", "False", "True", "b", "-", "None"]
+        );
+        let printed: Vec<String> = sorted(mix, "$.k:desc")
+            .iter()
+            .map(|v| {
+                if v.is_undefined() {
+                    "-".into()
+                } else {
+                    v.to_string()
+                }
+            })
+            .collect();
+        assert_eq!(
+            printed,
+            ["-", "None", "b", "True", "False", "10", "", "NaN", "10", "9.5", "-1"]
+        );
+    }
+
+    /// Random lists of values that broke the order before (a number equal to a string by its
+    /// printed form, but less than another number that prints after it): no panic, every
+    /// neighbour in order, ties in their first order.
+    #[test]
+    fn sort_by_is_a_total_order_on_any_values() {
         let pool: Vec<Value> = vec![
             Value::from("host-0001.example.com/a"),
-            Value::from("host-0001.example.com/b"),
             Value::from("host-0001"),
-            Value::from("host-000"),
             Value::from("host-0001\0"),
-            Value::from("host\0\0\0\0\0"),
-            Value::from("host"),
             Value::from(""),
             Value::from("\u{e9}t\u{e9}"),
-            Value::from("zz"),
             Value::from(10),
             Value::from(9.5),
             Value::from(-1),
+            Value::from(u64::MAX),
+            Value::from(f64::NAN),
             Value::from(true),
             Value::from(false),
             Value::from(()),
             Value::UNDEFINED,
             Value::from("10"),
+            Value::from("9.5"),
             Value::from("true"),
+            Value::from(vec![Value::from(1)]),
         ];
         let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
-        for round in 0..200 {
+        for round in 0..300 {
             let mut next = || {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
                 seed ^= seed << 17;
                 seed
             };
-            let n = (next() % 40) as usize;
-            // Each item: a key and its position, so that ties show their order.
-            let items: Vec<Value> = (0..n)
-                .map(|i| {
-                    let key = pool[(next() % pool.len() as u64) as usize].clone();
+            let n = (next() % 60) as usize;
+            let picks: Vec<usize> = (0..n)
+                .map(|_| (next() % pool.len() as u64) as usize)
+                .collect();
+            let items: Vec<Value> = picks
+                .iter()
+                .enumerate()
+                .map(|(i, &p)| {
                     let mut map = std::collections::BTreeMap::new();
-                    if !key.is_undefined() {
-                        map.insert("k".to_string(), key);
+                    if !pool[p].is_undefined() {
+                        map.insert("k".to_string(), pool[p].clone());
                     }
                     map.insert("i".to_string(), Value::from(i));
                     Value::from(map)
                 })
                 .collect();
-            let descending = round % 2 == 1;
-            let spec = if descending { "$.k:desc" } else { "$.k" };
-            let sorted = sort_by(Value::from(items.clone()), Value::from(spec)).unwrap();
-            let mut expected = items.clone();
-            expected.sort_by(|a, b| {
-                let ord = reference(
-                    &a.get_attr("k").unwrap_or_default(),
-                    &b.get_attr("k").unwrap_or_default(),
-                );
-                if descending {
-                    ord.reverse()
-                } else {
-                    ord
+            let out: Vec<Value> = sort_by(Value::from(items), Value::from("$.k"))
+                .unwrap()
+                .try_iter()
+                .unwrap()
+                .collect();
+            assert_eq!(out.len(), n, "round {round}");
+            for pair in out.windows(2) {
+                let key = |v: &Value| v.get_attr("k").unwrap_or_default();
+                let at = |v: &Value| i64::try_from(v.get_attr("i").unwrap()).unwrap();
+                match compare(&key(&pair[0]), &key(&pair[1])) {
+                    Ordering::Less => {}
+                    Ordering::Equal => assert!(at(&pair[0]) < at(&pair[1]), "round {round}: tie"),
+                    Ordering::Greater => panic!("round {round}: out of order"),
                 }
-            });
-            assert_eq!(
-                sorted.try_iter().unwrap().collect::<Vec<_>>(),
-                expected,
-                "round {round}"
-            );
+            }
         }
     }
 }
