@@ -199,10 +199,8 @@ impl Bucket {
     /// The objects whose key starts with `prefix`, in order.
     fn starting_with(&self, prefix: &str) -> Vec<Arc<Doc>> {
         match self {
-            Bucket::One((key, object)) => key
-                .starts_with(prefix)
-                .then(|| vec![object.clone()])
-                .unwrap_or_default(),
+            Bucket::One((key, object)) if key.starts_with(prefix) => vec![object.clone()],
+            Bucket::One(_) => Vec::new(),
             Bucket::Many(objects) => objects
                 .range::<str, _>((
                     std::ops::Bound::Included(prefix),
