@@ -163,7 +163,8 @@ type Keyed = (Arc<str>, Arc<Doc>);
 #[derive(Debug, Clone)]
 enum Bucket {
     One(Keyed),
-    Many(BTreeMap<Arc<str>, Arc<Doc>>),
+    /// Boxed, so that a bucket is as small as one object and its key (24 bytes).
+    Many(Box<BTreeMap<Arc<str>, Arc<Doc>>>),
 }
 
 impl Bucket {
@@ -171,7 +172,7 @@ impl Bucket {
         match self {
             Bucket::One((first, first_object)) => {
                 let many = BTreeMap::from([(first.clone(), first_object.clone()), (key, object)]);
-                *self = Bucket::Many(many);
+                *self = Bucket::Many(Box::new(many));
             }
             Bucket::Many(objects) => {
                 objects.insert(key, object);
@@ -713,6 +714,7 @@ mod tests {
                 }
             }
             assert!(by_label.len() > 10 && by_name.len() > 10 && by_namespace.len() > 10);
+            assert_eq!(std::mem::size_of::<Bucket>(), 24);
             let buckets: usize = by_label.exact.values().map(Bucket::len).sum();
             assert_eq!(buckets, by_label.len(), "every object once in the buckets");
         }
