@@ -163,7 +163,9 @@ type Keyed = (Arc<str>, Arc<Doc>);
 #[derive(Debug, Clone)]
 enum Bucket {
     One(Keyed),
-    /// Boxed, so that a bucket is as small as one object and its key (24 bytes).
+    /// Boxed, so that a bucket is as small as one object and its key (24 bytes): there is a
+    /// bucket per object in the common case, and this one is rare.
+    #[allow(clippy::box_collection)]
     Many(Box<BTreeMap<Arc<str>, Arc<Doc>>>),
 }
 
