@@ -27,3 +27,12 @@ pub mod validate;
 pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+/// A hash seeded at random once per process, for values hashed once and looked up by that
+/// hash later in the same process (never stored or sent anywhere): no one outside can choose
+/// values that share a hash.
+pub(crate) fn process_hash<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
+    use std::hash::BuildHasher;
+    static STATE: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
+    STATE.get_or_init(Default::default).hash_one(value)
+}

@@ -451,8 +451,9 @@ pub(crate) fn register(env: &mut Environment<'static>, snippet_names: Arc<[Strin
 mod tests {
     use super::*;
 
-    fn sorted(items: Vec<Value>, spec: &str) -> Vec<Value> {
-        let items: Vec<Value> = items
+    /// The `k` of each item after `sort_by(spec)`, printed; `-` where the item has none.
+    fn sorted(keys: Vec<Value>, spec: &str) -> Vec<String> {
+        let items: Vec<Value> = keys
             .into_iter()
             .map(|k| {
                 let mut map = std::collections::BTreeMap::new();
@@ -466,7 +467,10 @@ mod tests {
             .unwrap()
             .try_iter()
             .unwrap()
-            .map(|i| i.get_attr("k").unwrap_or_default())
+            .map(|i| match i.get_attr("k").unwrap_or_default() {
+                k if k.is_undefined() => "-".into(),
+                k => k.to_string(),
+            })
             .collect()
     }
 
@@ -487,32 +491,14 @@ mod tests {
             Value::from(-1),
             Value::from(""),
         ];
-        let printed: Vec<String> = sorted(mix.clone(), "$.k")
-            .iter()
-            .map(|v| {
-                if v.is_undefined() {
-                    "-".into()
-                } else {
-                    v.to_string()
-                }
-            })
-            .collect();
+        let printed = sorted(mix.clone(), "$.k");
         // Booleans print as `True` and `False`; `none` counts as missing, as an absent key
         // does (ties keep their order).
         assert_eq!(
             printed,
             ["-1", "9.5", "10", "NaN", "", "10", "False", "True", "b", "-", "None"]
         );
-        let printed: Vec<String> = sorted(mix, "$.k:desc")
-            .iter()
-            .map(|v| {
-                if v.is_undefined() {
-                    "-".into()
-                } else {
-                    v.to_string()
-                }
-            })
-            .collect();
+        let printed = sorted(mix, "$.k:desc");
         assert_eq!(
             printed,
             ["-", "None", "b", "True", "False", "10", "", "NaN", "10", "9.5", "-1"]

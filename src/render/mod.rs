@@ -48,7 +48,7 @@ pub(crate) struct Prehashed<K> {
 
 impl<K: std::hash::Hash> Prehashed<K> {
     pub(crate) fn new(key: K) -> Prehashed<K> {
-        let hash = units::process_hash(&key);
+        let hash = crate::process_hash(&key);
         Prehashed { hash, key }
     }
 }

@@ -31,6 +31,7 @@ use minijinja::{Error, ErrorKind, State};
 use super::context::{Collector, FileRegistry, Shared, StatusCollector};
 use super::current_config::Backend;
 use super::objects::JsonNode;
+use crate::process_hash;
 use crate::store::Store;
 
 /// Starts a unit's output; followed by the unit's instance number and [`MARK_ID_END`].
@@ -97,14 +98,6 @@ impl Ord for UnitKey {
     fn cmp(&self, other: &UnitKey) -> std::cmp::Ordering {
         (&self.template, &self.key).cmp(&(&other.template, &other.key))
     }
-}
-
-/// A hash seeded at random once per process, for values hashed once and looked up by that
-/// hash later in the same process (never stored or sent anywhere).
-pub(super) fn process_hash<T: std::hash::Hash + ?Sized>(value: &T) -> u64 {
-    use std::hash::BuildHasher;
-    static STATE: std::sync::OnceLock<foldhash::fast::RandomState> = std::sync::OnceLock::new();
-    STATE.get_or_init(Default::default).hash_one(value)
 }
 
 impl fmt::Display for UnitKey {

@@ -14,9 +14,9 @@ pub(crate) mod selector;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
-use std::hash::{BuildHasher, BuildHasherDefault};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use serde_json::Value;
 
@@ -135,15 +135,21 @@ fn unpack(packed: &str) -> Vec<String> {
     parts
 }
 
-/// The hash of a packed index key, seeded at random once per process, so that no one can
-/// choose keys that share a bucket.
+/// The hash of a packed index key ([`crate::process_hash`]: no one can choose keys that share
+/// a bucket).
 fn key_hash(packed: &str) -> u64 {
     #[cfg(test)]
     if COLLIDE.with(std::cell::Cell::get) {
         return 0;
     }
-    static STATE: OnceLock<foldhash::fast::RandomState> = OnceLock::new();
-    STATE.get_or_init(Default::default).hash_one(packed)
+    crate::process_hash(packed)
+}
+
+/// [`key_hash`] of a whole index key, packed.
+fn index_key_hash(index_key: &[String]) -> u64 {
+    let mut whole = String::new();
+    pack(index_key, &mut whole);
+    key_hash(&whole)
 }
 
 #[cfg(test)]
@@ -155,6 +161,9 @@ thread_local! {
 /// An object with its key in the store's ordered index: the packed object key in `objects`, or
 /// the packed index key and object key in `index`. Either starts with the packed index key.
 type Keyed = (Arc<str>, Arc<Doc>);
+
+/// Buckets by [`key_hash`] of the whole index key: the keys are hashes already.
+type Exact = HashMap<u64, Bucket, BuildHasherDefault<doc::Passthrough>>;
 
 /// The objects whose whole index key has one hash, by their keys (so by index key, then
 /// namespace and name): nearly always one object. Many share one index key when `indexBy`
@@ -178,6 +187,18 @@ impl Bucket {
             }
             Bucket::Many(objects) => {
                 objects.insert(key, object);
+            }
+        }
+    }
+
+    /// Files `keyed` under `hash`, the hash of its whole index key, in `exact`.
+    fn file(exact: &mut Exact, hash: u64, keyed: Keyed) {
+        match exact.entry(hash) {
+            std::collections::hash_map::Entry::Occupied(mut bucket) => {
+                bucket.get_mut().insert(keyed)
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(Bucket::One(keyed));
             }
         }
     }
@@ -249,7 +270,7 @@ pub struct Store {
     /// index key: a lookup by a whole key (a Service by namespace and name, a Service's
     /// EndpointSlices) is one probe and one key comparison, where a B-tree descent compares
     /// key strings that each lie elsewhere in memory (in a large store, a cache miss each).
-    exact: HashMap<u64, Bucket, BuildHasherDefault<doc::Passthrough>>,
+    exact: Exact,
     /// Stamped on every change.
     version: u64,
     /// The index keys the latest changes touched (old and new), by version, oldest first;
@@ -395,21 +416,8 @@ impl Store {
             object.clone(),
         );
         self.objects.insert(packed, Entry { indexed, object });
-        self.add_exact(&index_key, keyed);
+        Bucket::file(&mut self.exact, index_key_hash(&index_key), keyed);
         Ok(())
-    }
-
-    fn add_exact(&mut self, index_key: &[String], keyed: Keyed) {
-        let mut whole = String::new();
-        pack(index_key, &mut whole);
-        match self.exact.entry(key_hash(&whole)) {
-            std::collections::hash_map::Entry::Occupied(mut bucket) => {
-                bucket.get_mut().insert(keyed)
-            }
-            std::collections::hash_map::Entry::Vacant(slot) => {
-                slot.insert(Bucket::One(keyed));
-            }
-        }
     }
 
     /// Removes the index entries of an object taken out of `objects` (under `packed`); its
@@ -426,9 +434,7 @@ impl Store {
                 index_key
             }
         };
-        let mut whole = String::new();
-        pack(&index_key, &mut whole);
-        let hash = key_hash(&whole);
+        let hash = index_key_hash(&index_key);
         if self
             .exact
             .get_mut(&hash)
@@ -442,19 +448,17 @@ impl Store {
     /// Gives the store an index of its own (every object's index key was its object key).
     fn separate_index(&mut self) {
         let mut index = BTreeMap::new();
-        let mut keyed = Vec::with_capacity(self.objects.len());
+        // Buckets hold each object's key in the index, which changes here; an index key is
+        // still its object key, packed alike.
+        self.exact.clear();
         for (packed, entry) in &mut self.objects {
             let indexed: Arc<str> = Arc::from(format!("{packed}{packed}"));
             index.insert(indexed.clone(), entry.object.clone());
-            keyed.push((unpack(packed), (indexed.clone(), entry.object.clone())));
+            let keyed = (indexed.clone(), entry.object.clone());
+            Bucket::file(&mut self.exact, key_hash(packed), keyed);
             entry.indexed = Some(indexed);
         }
         self.index = Some(index);
-        // Buckets hold each object's key in the index, which has just changed.
-        self.exact.clear();
-        for (index_key, keyed) in keyed {
-            self.add_exact(&index_key, keyed);
-        }
     }
 
     /// Removes exactly this object; others sharing its index key stay.
