@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{HashMap, HashSet};
+use super::HashMap;
+use crate::store::doc::Passthrough;
+use std::collections::hash_map::Entry;
+use std::hash::BuildHasherDefault;
 use std::sync::{Arc, Mutex};
 
 use crate::lock;
@@ -279,31 +282,103 @@ impl Object for FileRegistry {
 #[derive(Debug, Default)]
 pub(crate) struct Shared {
     values: Mutex<HashMap<String, Value>>,
-    seen: Mutex<HashSet<String>>,
+    seen: Mutex<Seen>,
+}
+
+/// `first_seen`'s marks, filed by the [`crate::process_hash`] of each key. The table keeps the
+/// hashes, so growing it does not hash every key again: in a large render those are strings
+/// that have long left the cache. A lookup compares the keys that share its hash.
+#[derive(Debug, Default)]
+struct Seen(std::collections::HashMap<u64, SeenKeys, BuildHasherDefault<Passthrough>>);
+
+#[derive(Debug)]
+enum SeenKeys {
+    One(Box<str>),
+    Many(Vec<Box<str>>),
+}
+
+impl SeenKeys {
+    fn contains(&self, key: &str) -> bool {
+        match self {
+            SeenKeys::One(k) => **k == *key,
+            SeenKeys::Many(keys) => keys.iter().any(|k| **k == *key),
+        }
+    }
+}
+
+impl Seen {
+    fn contains(&self, hash: u64, key: &str) -> bool {
+        self.0.get(&hash).is_some_and(|keys| keys.contains(key))
+    }
+
+    /// Marks `key` (whose hash is `hash`); false if it was marked already.
+    fn insert(&mut self, hash: u64, key: String) -> bool {
+        match self.0.entry(hash) {
+            Entry::Vacant(slot) => {
+                slot.insert(SeenKeys::One(key.into_boxed_str()));
+            }
+            Entry::Occupied(mut slot) => {
+                let keys = slot.get_mut();
+                if keys.contains(&key) {
+                    return false;
+                }
+                let key = key.into_boxed_str();
+                match keys {
+                    SeenKeys::One(first) => {
+                        *keys = SeenKeys::Many(vec![std::mem::take(first), key])
+                    }
+                    SeenKeys::Many(all) => all.push(key),
+                }
+            }
+        }
+        true
+    }
+
+    fn remove(&mut self, hash: u64, key: &str) {
+        let Entry::Occupied(mut slot) = self.0.entry(hash) else {
+            return;
+        };
+        match slot.get_mut() {
+            SeenKeys::One(k) if **k == *key => {
+                slot.remove();
+            }
+            SeenKeys::Many(all) => {
+                all.retain(|k| **k != *key);
+                if all.is_empty() {
+                    slot.remove();
+                }
+            }
+            SeenKeys::One(_) => {}
+        }
+    }
 }
 
 impl Shared {
     /// `first_seen`: true the first time a key is seen in this render.
     pub(crate) fn first_seen(&self, key: String) -> bool {
-        let fresh = !self.has_seen(&key);
+        let hash = crate::process_hash(key.as_str());
+        if !units::in_unit() {
+            return lock(&self.seen).insert(hash, key);
+        }
+        // Inside a unit, the answer is an input of the unit and the mark its effect.
+        let fresh = lock(&self.seen).insert(hash, key.clone());
         units::note_seen(&key, fresh);
         if fresh {
-            self.mark_seen(&key);
             units::note_effect(units::Effect::Seen(key.clone()), units::Undo::Seen(key));
         }
         fresh
     }
 
     pub(super) fn has_seen(&self, key: &str) -> bool {
-        lock(&self.seen).contains(key)
+        lock(&self.seen).contains(crate::process_hash(key), key)
     }
 
     pub(super) fn mark_seen(&self, key: &str) {
-        lock(&self.seen).insert(key.to_string());
+        lock(&self.seen).insert(crate::process_hash(key), key.to_string());
     }
 
     pub(super) fn unmark_seen(&self, key: &str) {
-        lock(&self.seen).remove(key);
+        lock(&self.seen).remove(crate::process_hash(key), key);
     }
 
     /// The value under `key`, without recording a read.
@@ -782,5 +857,52 @@ mod tests {
             .unwrap_err()
             .contains("different content"));
         assert_eq!(reg.take().len(), 1);
+    }
+
+    /// `first_seen`'s marks answer as a plain set of strings does, also when keys share a hash
+    /// (hashes here are chosen to collide: one of three for every key).
+    #[test]
+    fn seen_marks_answer_as_a_set_also_when_hashes_collide() {
+        let mut seen = Seen::default();
+        let mut model = std::collections::HashSet::new();
+        let keys = ["a", "b", "c", "d", "e", "", "a\u{1f}b", "ab"];
+        let hash = |k: &str| (k.len() % 3) as u64;
+        let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+        for step in 0..2000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let key = keys[(state % keys.len() as u64) as usize];
+            if state % 3 == 0 {
+                seen.remove(hash(key), key);
+                model.remove(key);
+            } else {
+                assert_eq!(
+                    seen.insert(hash(key), key.to_string()),
+                    model.insert(key),
+                    "step {step}: {key:?}"
+                );
+            }
+            for k in keys {
+                assert_eq!(
+                    seen.contains(hash(k), k),
+                    model.contains(k),
+                    "step {step}: {k:?}"
+                );
+            }
+            // Removing the last key of a hash leaves no empty bucket behind.
+            let marked: usize = seen
+                .0
+                .values()
+                .map(|keys| match keys {
+                    SeenKeys::One(_) => 1,
+                    SeenKeys::Many(all) => {
+                        assert!(!all.is_empty(), "step {step}");
+                        all.len()
+                    }
+                })
+                .sum();
+            assert_eq!(marked, model.len(), "step {step}");
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
+use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
 use minijinja::value::{Kwargs, Rest, Value, ValueKind};
@@ -271,11 +272,18 @@ fn first_seen(state: &State, parts: Rest<Value>) -> Result<bool, Error> {
     let shared = shared
         .downcast_object_ref::<Shared>()
         .ok_or_else(|| invalid("`shared` has been shadowed; first_seen cannot work"))?;
-    let key = parts
-        .iter()
-        .map(|p| p.to_string())
-        .collect::<Vec<_>>()
-        .join("\u{1f}");
+    let mut key = String::with_capacity(
+        parts
+            .iter()
+            .map(|p| p.as_str().map_or(16, str::len) + 1)
+            .sum(),
+    );
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 {
+            key.push('\u{1f}');
+        }
+        let _ = write!(key, "{part}");
+    }
     Ok(shared.first_seen(key))
 }
 
@@ -342,28 +350,58 @@ impl SortKey {
     }
 }
 
+/// One item's value under one `sort_by` criterion, taken once before sorting.
+enum SortValue {
+    Number(f64),
+    /// A string (borrowed from its value when compared).
+    Text(Value),
+    /// Anything else, printed.
+    Printed(String),
+    Missing,
+}
+
+impl SortValue {
+    fn of(v: Value) -> SortValue {
+        if is_missing(&v) {
+            SortValue::Missing
+        } else if v.is_number() {
+            SortValue::Number(f64::try_from(v).unwrap_or(f64::NAN))
+        } else if v.as_str().is_some() {
+            SortValue::Text(v)
+        } else {
+            SortValue::Printed(v.to_string())
+        }
+    }
+
+    fn class(&self) -> u8 {
+        match self {
+            SortValue::Number(_) => 0,
+            SortValue::Text(_) | SortValue::Printed(_) => 1,
+            SortValue::Missing => 2,
+        }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            SortValue::Text(v) => v.as_str().unwrap_or_default(),
+            SortValue::Printed(s) => s,
+            _ => "",
+        }
+    }
+}
+
 /// Numbers first, numerically; then everything else by its printed form (strings lexically,
 /// `false` before `true`); missing values last. A total order whatever the items hold: sorting
 /// with one that is not (a number compared with a string by their printed forms, but with
 /// another number by value) may panic in the standard library's sort, and a tenant's value
 /// must not stop the render.
-fn compare(a: &Value, b: &Value) -> Ordering {
-    let class = |v: &Value| match () {
-        _ if is_missing(v) => 2,
-        _ if v.is_number() => 0,
-        _ => 1,
-    };
-    match (class(a), class(b)) {
-        (0, 0) => {
-            let x = f64::try_from(a.clone()).unwrap_or(f64::NAN);
-            let y = f64::try_from(b.clone()).unwrap_or(f64::NAN);
-            x.total_cmp(&y)
-        }
-        (1, 1) => match (a.as_str(), b.as_str()) {
-            (Some(x), Some(y)) => x.cmp(y),
-            _ => a.to_string().cmp(&b.to_string()),
+fn compare(a: &SortValue, b: &SortValue) -> Ordering {
+    match (a, b) {
+        (SortValue::Number(x), SortValue::Number(y)) => x.total_cmp(y),
+        _ => match a.class().cmp(&b.class()) {
+            Ordering::Equal => a.text().cmp(b.text()),
+            other => other,
         },
-        (x, y) => x.cmp(&y),
     }
 }
 
@@ -376,13 +414,17 @@ fn sort_by(items: Value, keys: Value) -> Result<Value, Error> {
             .map(|k| SortKey::parse(&k.to_string()))
             .collect()
     };
-    let mut rows: Vec<(Vec<Value>, Value)> = items
+    // Each item's values are taken once, before sorting: a comparison reads them alone.
+    let mut rows: Vec<(Vec<SortValue>, Value)> = items
         .try_iter()?
-        .map(|item| (specs.iter().map(|s| s.extract(&item)).collect(), item))
+        .map(|item| {
+            let values = specs.iter().map(|s| SortValue::of(s.extract(&item)));
+            (values.collect(), item)
+        })
         .collect();
     rows.sort_by(|(a, _), (b, _)| {
-        for (i, spec) in specs.iter().enumerate() {
-            let ord = compare(&a[i], &b[i]);
+        for (spec, (x, y)) in specs.iter().zip(a.iter().zip(b)) {
+            let ord = compare(x, y);
             let ord = if spec.descending { ord.reverse() } else { ord };
             if ord != Ordering::Equal {
                 return ord;
@@ -561,7 +603,7 @@ mod tests {
                 .collect();
             assert_eq!(out.len(), n, "round {round}");
             for pair in out.windows(2) {
-                let key = |v: &Value| v.get_attr("k").unwrap_or_default();
+                let key = |v: &Value| SortValue::of(v.get_attr("k").unwrap_or_default());
                 let at = |v: &Value| i64::try_from(v.get_attr("i").unwrap()).unwrap();
                 match compare(&key(&pair[0]), &key(&pair[1])) {
                     Ordering::Less => {}

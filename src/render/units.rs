@@ -540,8 +540,9 @@ pub(super) fn recording() -> bool {
     FRAMES.with(|f| !f.borrow().is_empty())
 }
 
-/// Whether the innermost frame is a unit's (not an output's top level).
-fn in_unit() -> bool {
+/// Whether the innermost frame is a unit's (not an output's top level): only there are effects
+/// and `first_seen` answers recorded.
+pub(super) fn in_unit() -> bool {
     FRAMES.with(|f| f.borrow().last().is_some_and(|f| f.top.is_none()))
 }
 
