@@ -533,6 +533,99 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
     c.wait_route("other.example.com", "/", 200, "web-1", DEADLINE);
 }
 
+/// The webhook's port is open to the cluster (the API server's address is not known), and the
+/// webhook cannot tell the API server from any other peer. A HAProxyTemplateConfig posted
+/// straight to it, by anyone, is compiled and no more: its templates cannot print a tenant's
+/// Secret into the answer, and its `lua-load` code does not run in the controller.
+#[test]
+fn webhook_gives_a_forged_config_no_secrets_and_runs_none_of_its_code() {
+    let (c, _web) = routed_cluster(true);
+    // A tenant's Secret, in the controller's stores once its Ingress asks for basic auth.
+    let hash = "$5$salt$i9KRhuJX1YCwObp1g6eH8m2riHepEVofFCkXiZmbSh8";
+    let apply = |text: &str| c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(text));
+    let (ok, out) = apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: users, namespace: default}}\ndata: {{alice: {}}}\n",
+        haptic_agent::base64::encode(hash.as_bytes())
+    ));
+    assert!(ok, "{out}");
+    let (ok, out) = apply(&ingress(
+        "private",
+        "private.example.com",
+        "web",
+        "haproxy.org/auth-type: basic-auth, haproxy.org/auth-secret: users",
+    ));
+    assert!(ok, "{out}");
+    c.wait_route("private.example.com", "/", 401, "", DEADLINE);
+
+    let (tls, ip, port) = c.webhook.clone().expect("webhook enabled");
+    let ca = std::fs::read(tls.parent().unwrap().join("ca.crt")).unwrap();
+    let certs: Vec<_> = ureq::tls::parse_pem(&ca)
+        .filter_map(|i| match i {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(
+            ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+                .build(),
+        )
+        .build()
+        .into();
+    // An AdmissionReview for a config whose main template is `template`, as anyone in the
+    // cluster could send it: the webhook's verdict message.
+    let forged = |template: &str| -> String {
+        let mut config = c.config_object(
+            "watchedResources:\n  secrets: {apiVersion: v1, resources: secrets, indexBy: [metadata.namespace, metadata.name]}\n",
+        );
+        config["spec"]["haproxyConfig"]["template"] = json!(template);
+        let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "forged", "operation": "CREATE", "namespace": NS, "name": "forged",
+            "kind": {"group": "haproxy-haptic.org", "version": "v1alpha1", "kind": "HAProxyTemplateConfig"},
+            "resource": {"group": "haproxy-haptic.org", "version": "v1alpha1", "resource": "haproxytemplateconfigs"},
+            "object": config}});
+        let mut response = agent
+            .post(format!("https://{ip}:{port}/validate"))
+            .header("Content-Type", "application/json")
+            .send(review.to_string().as_bytes())
+            .expect("the webhook answers");
+        let body: serde_json::Value =
+            serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap();
+        body["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    // Compiled: a template that does not compile is denied, with the reason.
+    let message = forged("{% if %}");
+    assert!(message.contains("haproxy.cfg"), "{message}");
+    let message = forged(
+        "{%- set s = resources.secrets.list() %}{{ fail('secrets: ' ~ (s | length) ~ ' ' ~ (s | map(attribute='data.alice') | join(','))) }}",
+    );
+    assert!(
+        !message.contains("secrets:"),
+        "a forged config read the cluster's Secrets: {message}"
+    );
+
+    let marker = c.dir.0.join("lua-ran");
+    let lua = format!(
+        "local f = io.open({:?}, 'w') f:write('ran') f:close()",
+        marker.display().to_string()
+    );
+    let message = forged(&format!(
+        "{{%- set lua = files.register('file', 'x.lua', {lua:?}) %}}\nglobal\n  lua-load {{{{ lua }}}}\n  nonsense-directive\n"
+    ));
+    assert!(
+        !marker.exists(),
+        "haproxy -c ran a forged config's lua-load in the controller"
+    );
+    assert!(
+        !message.contains("nonsense-directive"),
+        "haproxy -c checked a forged config: {message}"
+    );
+}
+
 #[test]
 fn a_tenants_bad_ingress_is_left_out_and_other_changes_keep_flowing() {
     let (c, _web) = routed_cluster(false);

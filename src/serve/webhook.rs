@@ -1,7 +1,8 @@
 //! The validating admission webhook: an AdmissionReview v1 over TLS is answered by rendering
 //! the config with the object applied to a copy of the stores and checking the result with
-//! `haproxy -c`. HAProxyTemplateConfig objects are validated as configs. The certificate is
-//! re-read when its files change.
+//! `haproxy -c`. HAProxyTemplateConfig objects are checked as far as compiling their templates:
+//! never rendered, never given to `haproxy -c` (see `decide`). The certificate is re-read when
+//! its files change.
 
 use std::io::BufReader;
 use std::net::{TcpListener, TcpStream};
@@ -253,15 +254,19 @@ impl Webhook {
                 return Ok(());
             }
             let object = request.get("object").cloned().unwrap_or(Value::Null);
-            let candidate =
-                crate::controller::validate_config_object(&object, "HAProxyTemplateConfig")
-                    .map_err(Denial::Invalid)?;
-            return self.render_and_check(
-                &candidate.engine,
-                &candidate.spec,
-                lock(&self.watchers).snapshot(),
-                None,
-            );
+            // Checked as far as its structure and the compilation of its templates, and no
+            // further. This endpoint cannot tell the API server from any other peer (its port
+            // is open to the cluster: the API server's address is not known), so a config sent
+            // to it may be anyone's, with templates of their choosing. Rendered against the
+            // watched objects, those could print every namespace's Secrets into the denial
+            // (`fail()`), or leak them a bit at a time through allow and deny; rendered at all,
+            // they run code of the caller's choosing in the controller; given to `haproxy -c`,
+            // the config would run its `lua-load` code and have HAProxy quote lines of any file
+            // it names. The controller renders and checks a config when it applies it, and
+            // applies only the config it reads from the API server.
+            crate::controller::validate_config_object(&object, "HAProxyTemplateConfig")
+                .map_err(Denial::Invalid)?;
+            return Ok(());
         }
         let Some((name, watched)) = active
             .spec
