@@ -43,7 +43,11 @@ pub(crate) fn stamp_conditions(status: &mut Value, previous: Option<&Value>, now
                                     .unwrap_or_else(|| json!(now)),
                                 _ => json!(now),
                             };
-                            c["lastTransitionTime"] = time;
+                            // A condition that is no object (a template's mistake, or another
+                            // controller's entry copied over) is left as it is.
+                            if let Some(fields) = c.as_object_mut() {
+                                fields.insert("lastTransitionTime".into(), time);
+                            }
                         }
                     }
                 } else {
@@ -601,6 +605,26 @@ mod tests {
         assert_eq!(
             second["ancestors"][0]["conditions"][0]["lastTransitionTime"],
             "T2"
+        );
+    }
+
+    /// Conditions that are no objects (a template's or another controller's values, of any
+    /// JSON kind) are left as they are, and the others stamped: no panic (which would stop the
+    /// status writer, and with `panic = abort` the controller).
+    #[test]
+    fn conditions_that_are_no_objects_are_left_alone() {
+        let odd = json!(["x", 1, 2.5, true, null, [1, {"type": "A"}]]);
+        let mut status = json!({"conditions": odd.as_array().unwrap().iter().cloned()
+            .chain([json!({"type": "Ready", "status": "True"})]).collect::<Vec<_>>(),
+            "parents": [{"conditions": ["y", {"type": "Accepted", "status": "False"}]}]});
+        stamp_conditions(&mut status, None, "T1");
+        let conditions = status["conditions"].as_array().unwrap();
+        assert_eq!(conditions[..6], odd.as_array().unwrap()[..]);
+        assert_eq!(conditions[6]["lastTransitionTime"], "T1");
+        assert_eq!(status["parents"][0]["conditions"][0], "y");
+        assert_eq!(
+            status["parents"][0]["conditions"][1]["lastTransitionTime"],
+            "T1"
         );
     }
 }

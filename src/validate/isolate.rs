@@ -137,7 +137,12 @@ fn alert(message: &str) -> String {
     for word in line.split_inclusive(['[', '\'', ' ']) {
         match word.find("/haptic-check") {
             Some(_) => {
-                let (body, sep) = word.split_at(word.len() - 1);
+                // The separator the piece ends with, if any (the last piece may end in any
+                // character, several bytes long).
+                let (body, sep) = match word.chars().last() {
+                    Some('[' | '\'' | ' ') => word.split_at(word.len() - 1),
+                    _ => (word, ""),
+                };
                 let name = body
                     .rsplit_once(':')
                     .map(|(p, l)| format!("{}:{l}", p.rsplit('/').next().unwrap_or(p)))
@@ -432,5 +437,30 @@ mod tests {
             alert(line),
             "parsing [haproxy.cfg:10] : error in frontend 'f' : regex '(bad' is invalid at line 2 of file 'maps/r.map'."
         );
+    }
+
+    /// The last word of an alert naming the check directory may end in any character.
+    #[test]
+    fn alert_keeps_file_names_whatever_the_last_character() {
+        for (line, expected) in [
+            (
+                "[ALERT] (1) : config : parsing [/tmp/haptic-check-1/haproxy.cfg:12] : bad",
+                "parsing [haproxy.cfg:12] : bad",
+            ),
+            (
+                "[ALERT] (1) : config : cannot open /tmp/haptic-check-1/maps/x.map",
+                "cannot open x.map",
+            ),
+            (
+                "[ALERT] (1) : config : cannot open /tmp/haptic-check-1/maps/é",
+                "cannot open é",
+            ),
+            (
+                "[ALERT] (1) : config : cannot open /tmp/haptic-check-1/maps/a:b€",
+                "cannot open a:b€",
+            ),
+        ] {
+            assert_eq!(alert(line), expected, "{line}");
+        }
     }
 }
