@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the benchmark figures of one `scripts/bench.sh` run next to their goals and floors.
 
-Reads the benchmarks' own output lines (`render-libraries …`, `render-cli …`, `watch-ingest …`,
+Reads the benchmarks' own output lines (`render-libraries …`, `render-counts …`, `render-cli …`, `watch-ingest …`,
 `latency …`, `soak …`) on stdin; each line is `name key=value …`. The goals are those of the scale issues;
 the floors were measured in the same run (haproxy -c on the same output, the raw JSON size of
 the same objects). A figure whose benchmark did not run is left out.
@@ -24,12 +24,15 @@ def num(v):
 
 def main():
     render, cli, watch, latency, bursts, setups, soak = {}, None, None, {}, {}, {}, None
+    counts = {}
     warmups, idle, reload_classify = {}, None, {}
     for line in sys.stdin:
         line = line.strip()
         f = fields(line)
         if line.startswith("render-libraries "):
             render[int(f["n"])] = f
+        elif line.startswith("render-counts "):
+            counts[int(f["n"])] = f
         elif line.startswith("render-reconcile-reload "):
             reload_classify[int(f["n"])] = f
         elif line.startswith("render-cli "):
@@ -71,6 +74,14 @@ def main():
     if 1000 in render and 10000 in render:
         growth = num(render[10000]["full_ms"]) / num(render[1000]["full_ms"])
         row("render growth 1k → 10k", f"{growth:.1f}×", "≤ 11×", "linear: 10×", growth <= 11)
+    for n, f in sorted(counts.items()):
+        row(f"render {n:,}, full render counted (cachegrind)",
+            f"{int(f['instructions']) / 1e6:,.0f} M instructions", "",
+            f"simulated L3 misses {int(f['ll_misses']) / 1e6:,.2f} M, L1 {int(f['d1_misses']) / 1e6:,.1f} M")
+    if 1000 in counts and 10000 in counts:
+        growth = int(counts[10000]["instructions"]) / int(counts[1000]["instructions"])
+        row("render growth 1k → 10k, instructions", f"{growth:.2f}×", "(the work, without the machine's load)",
+            "linear: 10×")
     if cli:
         rss = int(cli["peak_rss_kb"]) / 1024
         raw = int(cli["raw_json_bytes"]) / 1048576
