@@ -88,8 +88,10 @@ fn text(v: Option<NodeRef<'_>>) -> &str {
 }
 
 /// `server_lines(be_name, svc_ns, svc_name, svc_port, slots=N, default_slots=N, refuse=[CIDR, …],
-/// cookies=bool, cookie_prefix=str)`: `slots` is a per-backend pool size from tenant data
-/// (1–1024, refused otherwise); without it `default_slots` (the admin's `server_slots`) applies.
+/// max_endpoints=N, cookies=bool, cookie_prefix=str)`: `slots` is a per-backend pool size from
+/// tenant data (1–1024, refused otherwise); without it `default_slots` (the admin's
+/// `server_slots`) applies. At most `max_endpoints` ready endpoints are served (the admin's,
+/// default [`DEFAULT_MAX_ENDPOINTS`]); a comment counts those left out.
 /// `cookies` gives every slot the static persistence cookie `cookie <cookie_prefix>SRV_<n>` (its
 /// own name: it stays with the slot when the runtime API moves the slot to another address, and
 /// never tells a client a pod's address). The prefix (letters, digits and `-`, at most 16) tells
@@ -106,6 +108,8 @@ pub(crate) fn server_lines(
     let refuse_ranges: Option<Value> = options.get("refuse")?;
     let cookies: Option<Value> = options.get("cookies")?;
     let cookies = cookies.is_some_and(|v| v.is_true());
+    let max_endpoints: Option<Value> = options.get("max_endpoints")?;
+    let max_endpoints = endpoint_limit(max_endpoints)?;
     let cookie_prefix: Option<Value> = options.get("cookie_prefix")?;
     let cookie_prefix = cookie_prefix
         .filter(|v| !v.is_undefined() && !v.is_none())
@@ -174,6 +178,7 @@ pub(crate) fn server_lines(
     let running = current.as_ref().and_then(|c| c.backend(be_name)).cloned();
     units::note_current_read(be_name, running.as_ref());
     let running = running.map(|b| b.servers).unwrap_or_default();
+    endpoints.limit(max_endpoints, &running);
     let slots = assign_slots(&endpoints.keys, &running, slots_min);
 
     let mut out = String::with_capacity(40 * slots.len() + 80);
@@ -197,6 +202,19 @@ pub(crate) fn server_lines(
     endpoints.write_notes(&mut out);
     write_servers(&mut out, &slots, cookies.then_some(cookie_prefix.as_str()));
     Ok(Value::from_safe_string(out))
+}
+
+/// `max_endpoints` (the admin's: 1 to [`MAX_ENDPOINTS_LIMIT`]), else [`DEFAULT_MAX_ENDPOINTS`].
+fn endpoint_limit(max: Option<Value>) -> Result<usize, Error> {
+    let Some(v) = max.filter(|v| !v.is_undefined() && !v.is_none()) else {
+        return Ok(DEFAULT_MAX_ENDPOINTS);
+    };
+    match i64::try_from(v.clone()) {
+        Ok(n) if (1..=MAX_ENDPOINTS_LIMIT as i64).contains(&n) => Ok(n as usize),
+        _ => Err(invalid(format!(
+            "server_lines: max_endpoints {v:?} is not an integer from 1 to {MAX_ENDPOINTS_LIMIT}"
+        ))),
+    }
 }
 
 /// The pool's smallest size: `slots` (a tenant's value, 1 to 1024, refused otherwise), else
@@ -246,11 +264,27 @@ fn service_port_name(service: NodeRef<'_>, wanted: &Value) -> Option<String> {
 /// The ready endpoints of a Service port, as sorted `address|port` keys, and what was left out.
 #[derive(Debug, Default)]
 struct Endpoints {
+    /// `address|port`, sorted and without repeats once collected.
     keys: Vec<String>,
     bad_addrs: usize,
     bad_ports: usize,
+    /// In the order first met; `refused_seen` holds the same, to answer in constant time (a
+    /// tenant's EndpointSlice may carry 100,000 addresses).
     refused: Vec<IpAddr>,
+    refused_seen: std::collections::HashSet<IpAddr>,
+    /// Ready endpoints left out over the backend's limit, and that limit.
+    over: Option<(usize, usize)>,
 }
+
+/// Endpoints one backend serves at most unless the call says otherwise (`max_endpoints`, up to
+/// [`MAX_ENDPOINTS_LIMIT`]). HAProxy's own check takes time growing with the square of a
+/// backend's servers (0.1 s at 5,000, 1.2 s at 20,000, four minutes at 160,000), and one
+/// EndpointSlice may list 100,000 addresses: one tenant's Service must not stall every check.
+pub(crate) const DEFAULT_MAX_ENDPOINTS: usize = 8192;
+pub(crate) const MAX_ENDPOINTS_LIMIT: usize = 65536;
+
+/// How many of the refused addresses are named, one comment line each.
+const REFUSED_NAMED: usize = 16;
 
 impl Endpoints {
     fn collect(slices: &[Arc<Doc>], port_name: &str, refuse: &[Range]) -> Endpoints {
@@ -294,7 +328,8 @@ impl Endpoints {
                 }
             }
         }
-        out.keys.sort();
+        out.keys.sort_unstable();
+        out.keys.dedup();
         out
     }
 
@@ -304,20 +339,48 @@ impl Endpoints {
             return;
         };
         if refuse.iter().any(|r| r.contains(&ip)) {
-            if !self.refused.contains(&ip) {
+            if self.refused_seen.insert(ip) {
                 self.refused.push(ip);
             }
             return;
         }
-        // The address as written when it is canonical, so keys match current_config.
-        let key = format!("{ip}|{port}");
-        if !self.keys.contains(&key) {
-            self.keys.push(key);
+        // The address as written when it is canonical, so keys match current_config. Repeats
+        // are removed once all are collected (checking each against all before it was
+        // quadratic: seconds for one large EndpointSlice).
+        self.keys.push(format!("{ip}|{port}"));
+    }
+
+    /// Keeps at most `max` endpoints: those a running server serves first (a limit never moves
+    /// traffic off a server that carries it), then the others in order.
+    fn limit(&mut self, max: usize, running: &[Server]) {
+        let total = self.keys.len();
+        if total <= max {
+            return;
         }
+        let serving: std::collections::HashSet<String> = running
+            .iter()
+            .filter(|s| s.enabled)
+            .filter_map(|s| s.port.map(|p| format!("{}|{p}", s.address)))
+            .collect();
+        let (mut kept, others): (Vec<String>, Vec<String>) = std::mem::take(&mut self.keys)
+            .into_iter()
+            .partition(|k| serving.contains(k));
+        kept.truncate(max);
+        let room = max - kept.len();
+        kept.extend(others.into_iter().take(room));
+        kept.sort_unstable();
+        self.keys = kept;
+        self.over = Some((total - max, max));
     }
 
     /// Comments for what was left out.
     fn write_notes(&self, out: &mut String) {
+        if let Some((over, max)) = self.over {
+            let _ = write!(
+                out,
+                "\n  # {over} ready endpoint(s) left out: more than {max} in one backend (max_endpoints)"
+            );
+        }
         if self.bad_addrs > 0 {
             let _ = write!(
                 out,
@@ -332,8 +395,15 @@ impl Endpoints {
                 self.bad_ports
             );
         }
-        for ip in &self.refused {
+        for ip in self.refused.iter().take(REFUSED_NAMED) {
             let _ = write!(out, "\n  # endpoint {ip} refused by refuse_endpoint_ranges");
+        }
+        if self.refused.len() > REFUSED_NAMED {
+            let _ = write!(
+                out,
+                "\n  # and {} more endpoint(s) refused by refuse_endpoint_ranges",
+                self.refused.len() - REFUSED_NAMED
+            );
         }
     }
 }
@@ -423,6 +493,65 @@ mod tests {
         let mut out = String::new();
         write_servers(&mut out, &slots, None);
         assert!(!out.contains("cookie"), "{out}");
+    }
+
+    /// Over the limit, endpoints that running servers serve are kept first, then the others
+    /// in order; a comment counts what is left out. Refused addresses are named up to a bound.
+    #[test]
+    fn endpoints_over_the_limit_keep_the_running_ones() {
+        let key = |i: usize| format!("10.0.0.{i}|8080");
+        // Sorted, as `collect` leaves them.
+        let mut keys: Vec<String> = (1..=10).map(key).collect();
+        keys.sort();
+        let mut e = Endpoints {
+            keys,
+            ..Endpoints::default()
+        };
+        let server = |name: &str, i: usize, enabled: bool| Server {
+            name: name.to_string(),
+            address: format!("10.0.0.{i}"),
+            port: Some(8080),
+            enabled,
+        };
+        let running = [
+            server("SRV_1", 9, true),
+            server("SRV_2", 7, true),
+            server("SRV_3", 2, false),
+        ];
+        e.limit(4, &running);
+        // 7 and 9 run; then the first two others in order ("10.0.0.10|…" sorts first).
+        let mut expected = vec![key(10), key(1), key(7), key(9)];
+        expected.sort();
+        assert_eq!(e.keys, expected);
+        let mut notes = String::new();
+        e.write_notes(&mut notes);
+        assert_eq!(
+            notes,
+            "\n  # 6 ready endpoint(s) left out: more than 4 in one backend (max_endpoints)"
+        );
+        // Under the limit: all kept, nothing said.
+        let mut e = Endpoints {
+            keys: (1..=4).map(key).collect(),
+            ..Endpoints::default()
+        };
+        e.limit(4, &running);
+        assert_eq!(e.keys.len(), 4);
+        assert!(e.over.is_none());
+
+        let mut e = Endpoints::default();
+        for i in 0..40 {
+            let ip: IpAddr = format!("127.0.0.{}", i % 20).parse().unwrap();
+            if e.refused_seen.insert(ip) {
+                e.refused.push(ip);
+            }
+        }
+        let mut notes = String::new();
+        e.write_notes(&mut notes);
+        assert_eq!(notes.lines().count(), 1 + REFUSED_NAMED + 1, "{notes}");
+        assert!(
+            notes.ends_with("# and 4 more endpoint(s) refused by refuse_endpoint_ranges"),
+            "{notes}"
+        );
     }
 
     #[test]

@@ -633,3 +633,53 @@ fn ssl_passthrough_ownership_goes_to_the_older_claim_in_both_orders() {
         );
     }
 }
+
+/// One EndpointSlice with as many addresses as the API server takes (1,000 endpoints of 100
+/// addresses): its backend serves at most `max_backend_endpoints` of them, the check stays
+/// quick, and the render takes time in proportion (collecting the addresses was quadratic:
+/// five seconds for this Service alone, and `haproxy -c` on its 163,840 servers four minutes).
+#[test]
+fn an_endpointslice_of_100000_addresses_is_served_up_to_the_limit() {
+    use super::harness::{render, Ports};
+    let endpoints: Vec<String> = (0..1000)
+        .map(|e| {
+            let addrs: Vec<String> = (0..100)
+                .map(|k| {
+                    let n = e * 100 + k;
+                    format!("\"10.{}.{}.{}\"", n / 65536 % 256, n / 256 % 256, n % 256)
+                })
+                .collect();
+            format!(
+                "{{addresses: [{}], conditions: {{ready: true}}}}",
+                addrs.join(", ")
+            )
+        })
+        .collect();
+    let manifests = format!(
+        "{}---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {{name: big-a, namespace: team, labels: {{kubernetes.io/service-name: web}}}}\n\
+         ports: [{{name: http, port: 8080}}]\nendpoints: [{}]\n{}",
+        "---\napiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: team}\nspec: {ports: [{name: http, port: 80, targetPort: 8080}]}\n",
+        endpoints.join(", "),
+        ingress("team", "big", "big.example.com", &[], "/", "Prefix", "2024-01-01T00:00:00Z"),
+    );
+    let fixtures = crate::support::TempDir::new("big-slice-fixtures");
+    std::fs::write(fixtures.path().join("objects.yaml"), manifests).unwrap();
+    for (extra, served) in [(vec![], 8192), (vec![("max_backend_endpoints", "50")], 50)] {
+        let out = crate::support::TempDir::new("big-slice-out");
+        let log = render(fixtures.path(), out.path(), &Ports::pick(), &extra)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let cfg = std::fs::read_to_string(out.path().join("haproxy.cfg")).unwrap();
+        let enabled = cfg
+            .lines()
+            .filter(|l| l.trim_start().starts_with("server ") && l.contains(" enabled"))
+            .count();
+        assert_eq!(enabled, served, "{log}");
+        assert!(
+            cfg.contains(&format!(
+                "# {} ready endpoint(s) left out: more than {served} in one backend (max_endpoints)",
+                100_000 - served
+            )),
+            "{log}"
+        );
+    }
+}
