@@ -15,7 +15,7 @@ use crate::lock;
 use super::units;
 
 use haptic_agent::protocol::FileKind;
-use minijinja::value::{from_args, Enumerator, Object, ObjectRepr, Value};
+use minijinja::value::{from_args, Enumerator, Object, ObjectRepr, Value, ValueKind};
 use minijinja::{Error, ErrorKind, State};
 
 fn invalid(msg: impl Into<String>) -> Error {
@@ -461,6 +461,7 @@ impl Object for Shared {
             "append" => {
                 let (key, item): (&str, Value) = from_args(args)?;
                 let item = compact(&item);
+                self.refuse_cycle(key, &item)?;
                 self.append_value(key, item.clone());
                 units::note_collector_append(Some(key), &item);
                 Ok(Value::from(""))
@@ -469,6 +470,7 @@ impl Object for Shared {
                 let (key, items): (&str, Value) = from_args(args)?;
                 for item in items.try_iter()? {
                     let item = compact(&item);
+                    self.refuse_cycle(key, &item)?;
                     self.append_value(key, item.clone());
                     units::note_collector_append(Some(key), &item);
                 }
@@ -632,6 +634,61 @@ pub(super) fn compact(value: &Value) -> Value {
     value.clone()
 }
 
+/// Refuses to put into `target` an item that holds `target` (at any depth, through lists, maps,
+/// collectors and namespaces): a collector that holds itself has no end, and every walk over
+/// it (recording a unit's arguments, comparing them, printing it) would recurse until the stack
+/// overflows, which aborts the controller. Items nested deeper than a template can mean are
+/// refused as well.
+fn refuse_cycle(target: &Collector, item: &Value) -> Result<(), Error> {
+    fn holds(v: &Value, target: &Collector, depth: usize) -> bool {
+        if depth > 64 {
+            return true;
+        }
+        if let Some(c) = v.downcast_object_ref::<Collector>() {
+            return std::ptr::eq(c, target)
+                || c.snapshot().iter().any(|i| holds(i, target, depth + 1));
+        }
+        if let Some(m) = v.downcast_object_ref::<CompactMap>() {
+            return m.0.iter().any(|(_, x)| holds(x, target, depth + 1));
+        }
+        if v.as_object().is_none()
+            || v.downcast_object_ref::<super::objects::JsonNode>()
+                .is_some()
+        {
+            // Plain values, and stored objects (immutable JSON), hold no collector.
+            return false;
+        }
+        match v.kind() {
+            ValueKind::Seq | ValueKind::Iterable => v
+                .try_iter()
+                .is_ok_and(|mut items| items.any(|i| holds(&i, target, depth + 1))),
+            ValueKind::Map => v.try_iter().is_ok_and(|mut keys| {
+                keys.any(|k| holds(&v.get_item(&k).unwrap_or_default(), target, depth + 1))
+            }),
+            _ => false,
+        }
+    }
+    if holds(item, target, 0) {
+        return Err(invalid(
+            "a collector cannot hold itself (nor hold items nested more than 64 deep)",
+        ));
+    }
+    Ok(())
+}
+
+impl Shared {
+    /// [`refuse_cycle`] for the collector under `key`, when there is one.
+    fn refuse_cycle(&self, key: &str, item: &Value) -> Result<(), Error> {
+        match self.peek(key) {
+            Some(v) => match v.downcast_object_ref::<Collector>() {
+                Some(c) => refuse_cycle(c, item),
+                None => Ok(()),
+            },
+            None => Ok(()),
+        }
+    }
+}
+
 impl Object for Collector {
     fn repr(self: &Arc<Self>) -> ObjectRepr {
         ObjectRepr::Seq
@@ -662,6 +719,7 @@ impl Object for Collector {
             "append" => {
                 let (item,): (Value,) = from_args(args)?;
                 let item = compact(&item);
+                refuse_cycle(self, &item)?;
                 units::note_collector_append(self.shared_key.as_deref(), &item);
                 self.push(item);
                 Ok(Value::from(""))
@@ -670,6 +728,7 @@ impl Object for Collector {
                 let (items,): (Value,) = from_args(args)?;
                 for item in items.try_iter()? {
                     let item = compact(&item);
+                    refuse_cycle(self, &item)?;
                     units::note_collector_append(self.shared_key.as_deref(), &item);
                     self.push(item);
                 }

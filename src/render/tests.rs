@@ -209,7 +209,7 @@ fn annotated_selects_in_order() {
          {{% set list = c | annotated(prefix='x.io/', or_field='spec.tls') %}}{names}|\
          {{% set list = (all | list) + [{{'metadata': {{'name': 'm', 'annotations': {{'x.io/on': 'y'}}}}}}] %}}\
          {{% set list = list | annotated('x.io/on') %}}{names}|\
-         {{% set c = collector() %}}{{% do c.append(c) %}}{{{{ c | annotated('x.io/on') | length }}}}|\
+         {{% set c = collector() %}}{{% do c.append([1]) %}}{{{{ c | annotated('x.io/on') | length }}}}|\
          {{% set c = collector() %}}{{% for o in all %}}{{% do c.append(o) %}}{{% endfor %}}\
          {{% set list = c | annotated('x.io/on') %}}{names}|\
          {{% set list = c | annotated(prefix='x.io/') %}}{names}|\
@@ -218,7 +218,8 @@ fn annotated_selects_in_order() {
          {{% set list = c | annotated(prefix='x.io/o') %}}{names}"
     );
     // Stored objects are tested in place (a list, a collector); a list with anything else
-    // in it, such as a collector holding itself, item by item.
+    // in it, such as a list, item by item (a collector cannot hold itself: see
+    // `unit_outputs_as_arguments_and_self_holding_collectors_do_not_panic`).
     assert_eq!(
         render(&template, &objects).unwrap(),
         "on |on empty notls |on tls |m t |0|on empty tls notls |on m |0|on |on empty notls |on |on on |on empty notls on \n"
@@ -847,5 +848,46 @@ fn builtin_comparing_filters_take_any_mix_of_tenant_values() {
             .to_string();
         let expected = format!("{n} {n} {n} {n} True True True {n} {}", "2".repeat(n));
         assert_eq!(out.trim_end(), expected, "round {round}");
+    }
+}
+
+/// A unit's output passed to another unit as an argument, in a loop (so the second call is
+/// a replay candidate whose arguments are compared), and a collector holding itself passed to a
+/// unit: both render or fail with an error, never panic (a panic aborts the controller).
+#[test]
+fn unit_outputs_as_arguments_and_self_holding_collectors_do_not_panic() {
+    let engine = Engine::new(&spec_with(
+        "{% for i in [1, 2] %}{{ unit('u', key='k', x=unit('v', key='v')) }}{% endfor %}\n",
+        &[("u", "u:{{ x }}"), ("v", "v")],
+        &[],
+    ))
+    .unwrap();
+    let out = engine.render(&inputs(&[])).unwrap();
+    assert_eq!(
+        out.haproxy_cfg.matches("u:v").count(),
+        2,
+        "{}",
+        out.haproxy_cfg
+    );
+    for (what, template) in [
+        ("itself", "{% set c = collector() %}{% do c.append(c) %}"),
+        ("itself in a list", "{% set c = collector() %}{% do c.extend([[c]]) %}"),
+        (
+            "each other",
+            "{% set a = collector() %}{% set b = collector() %}{% do a.append(b) %}{% do b.append({'x': a}) %}",
+        ),
+        (
+            "itself in shared",
+            "{% do shared.append('k', 1) %}{% do shared.append('k', [shared.get('k')]) %}",
+        ),
+    ] {
+        let engine = Engine::new(&spec_with(
+            &format!("{template}{{{{ unit('u', key='k', x=1) }}}}\n"),
+            &[("u", "u")],
+            &[],
+        ))
+        .unwrap();
+        let err = engine.render(&inputs(&[])).unwrap_err();
+        assert!(err.message.contains("cannot hold itself"), "{what}: {err}");
     }
 }

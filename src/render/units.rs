@@ -521,18 +521,27 @@ pub(super) struct Instance {
 thread_local! {
     static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
     static FRAMES: RefCell<Vec<Frame>> = const { RefCell::new(Vec::new()) };
+    /// [`Scope::inspected`] while the scope is installed: set without borrowing the scope,
+    /// because a unit's output may be printed while the scope is borrowed (the engine compares
+    /// a replay candidate's arguments, which may hold another unit's output).
+    static INSPECTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Installs the render scope for the duration of a render on this thread.
 pub(super) fn enter(scope: Scope) {
     SCOPE.with(|s| *s.borrow_mut() = Some(scope));
     FRAMES.with(|f| f.borrow_mut().clear());
+    INSPECTED.with(|i| i.set(false));
 }
 
 /// Ends the render; returns the scope (with the cache) to the caller.
 pub(super) fn leave() -> Option<Scope> {
     FRAMES.with(|f| f.borrow_mut().clear());
-    SCOPE.with(|s| s.borrow_mut().take())
+    let inspected = INSPECTED.with(|i| i.replace(false));
+    SCOPE.with(|s| s.borrow_mut().take()).map(|mut scope| {
+        scope.inspected |= inspected;
+        scope
+    })
 }
 
 /// Whether reads are being recorded: callers skip costly bookkeeping otherwise.
@@ -936,7 +945,7 @@ impl minijinja::value::Object for UnitOutput {
 
 /// Notes that a template used a unit's output other than by printing it.
 pub(super) fn note_inspected() {
-    with_scope(|s| s.inspected = true);
+    INSPECTED.with(|i| i.set(true));
 }
 
 /// Whether an error inside a unit is the unit's own (its data: `fail()`, a refused value, a
