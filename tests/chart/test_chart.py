@@ -111,6 +111,7 @@ VARIANTS = {
         "ingressClass": {"default": True},
         "networkPolicy": {
             "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+            "webhookFrom": [{"ipBlock": {"cidr": "172.20.0.0/28"}}],
             "statusFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}, {"ipBlock": {"cidr": "10.0.0.0/8"}}],
         },
         "haproxy": {"stats": False},
@@ -540,11 +541,18 @@ class Manifests(unittest.TestCase):
         self.assertEqual(ports, {"webhook", "health", "metrics"})
         metrics_rule = next(r for r in controller["ingress"] if r["ports"][0]["port"] == "metrics")
         self.assertEqual(metrics_rule["from"], VARIANTS["everything"]["networkPolicy"]["metricsFrom"])
+        webhook_rule = next(r for r in controller["ingress"] if r["ports"][0]["port"] == "webhook")
+        self.assertEqual(webhook_rule["from"], VARIANTS["everything"]["networkPolicy"]["webhookFrom"])
+        self.assertEqual([p["port"] for p in webhook_rule["ports"]], ["webhook"], "webhookFrom limits the webhook port only")
+        health_rule = next(r for r in controller["ingress"] if r["ports"][0]["port"] == "health")
+        self.assertNotIn("from", health_rule, "the kubelet's probes stay allowed")
         haproxy = one(docs, "NetworkPolicy", f"{FULLNAME}-haproxy")["spec"]
         status_rule = next(r for r in haproxy["ingress"] if r["ports"][0]["port"] == "status")
         self.assertEqual(status_rule["from"], VARIANTS["everything"]["networkPolicy"]["statusFrom"])
         self.assertEqual([p["port"] for p in status_rule["ports"]], ["status"], "statusFrom limits the status port only")
         _, _, default_docs = render("defaults")
+        default_controller = one(default_docs, "NetworkPolicy", f"{FULLNAME}-controller")["spec"]
+        self.assertNotIn("from", next(r for r in default_controller["ingress"] if r["ports"][0]["port"] == "webhook"))
         default_haproxy = one(default_docs, "NetworkPolicy", f"{FULLNAME}-haproxy")["spec"]
         self.assertNotIn("from", next(r for r in default_haproxy["ingress"] if r["ports"][0]["port"] == "status"))
         agent_rule = next(r for r in haproxy["ingress"] if r["ports"][0]["port"] == "agent")
