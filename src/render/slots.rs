@@ -179,7 +179,7 @@ pub(crate) fn server_lines(
     units::note_current_read(be_name, running.as_ref());
     let running = running.map(|b| b.servers).unwrap_or_default();
     endpoints.limit(max_endpoints, &running);
-    let slots = assign_slots(&endpoints.keys, &running, slots_min);
+    let slots = assign_slots(&endpoints.keys, &running, slots_min, max_endpoints);
 
     let mut out = String::with_capacity(40 * slots.len() + 80);
     if service.is_none() {
@@ -209,8 +209,11 @@ fn endpoint_limit(max: Option<Value>) -> Result<usize, Error> {
     let Some(v) = max.filter(|v| !v.is_undefined() && !v.is_none()) else {
         return Ok(DEFAULT_MAX_ENDPOINTS);
     };
-    match i64::try_from(v.clone()) {
-        Ok(n) if (1..=MAX_ENDPOINTS_LIMIT as i64).contains(&n) => Ok(n as usize),
+    let n = i64::try_from(v.clone())
+        .ok()
+        .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()));
+    match n {
+        Some(n) if (1..=MAX_ENDPOINTS_LIMIT as i64).contains(&n) => Ok(n as usize),
         _ => Err(invalid(format!(
             "server_lines: max_endpoints {v:?} is not an integer from 1 to {MAX_ENDPOINTS_LIMIT}"
         ))),
@@ -411,14 +414,24 @@ impl Endpoints {
 /// Slot `n` (1-based; index 0 unused) → the endpoint key it serves. The pool is `slots_min`
 /// doubled until the endpoints fit, never smaller than what runs; endpoints keep the slot they
 /// run in, the others fill free slots in order.
-fn assign_slots(endpoints: &[String], running: &[Server], slots_min: usize) -> Vec<Option<String>> {
-    let mut pool = slots_min;
-    for _ in 0..24 {
-        if pool < endpoints.len() {
-            pool *= 2;
+fn assign_slots(
+    endpoints: &[String],
+    running: &[Server],
+    slots_min: usize,
+    max_endpoints: usize,
+) -> Vec<Option<String>> {
+    let grown = |n: usize| {
+        let mut pool = slots_min;
+        for _ in 0..24 {
+            if pool < n {
+                pool *= 2;
+            }
         }
-    }
-    pool = pool.max(running.len());
+        pool
+    };
+    // Never smaller than what runs (shrinking needs a reload), but never larger than the limit
+    // of endpoints needs: a pool that grew before the limit (or before it was lowered) shrinks.
+    let pool = grown(endpoints.len()).max(running.len().min(grown(max_endpoints)));
 
     let mut slots: Vec<Option<String>> = vec![None; pool + 1];
     let mut kept = std::collections::HashSet::new();
@@ -552,6 +565,28 @@ mod tests {
             notes.ends_with("# and 4 more endpoint(s) refused by refuse_endpoint_ranges"),
             "{notes}"
         );
+    }
+
+    /// A pool that grew larger than the endpoint limit needs (before the limit, or before it
+    /// was lowered) shrinks to what the limit needs; under it, the running pool is kept.
+    #[test]
+    fn a_pool_never_outgrows_the_endpoint_limit() {
+        let running: Vec<Server> = (1..=100)
+            .map(|n| Server {
+                name: format!("SRV_{n}"),
+                address: format!("10.0.0.{n}"),
+                port: Some(8080),
+                enabled: true,
+            })
+            .collect();
+        let mut keys: Vec<String> = (1..=3).map(|n| format!("10.0.0.{n}|8080")).collect();
+        keys.sort();
+        // Limit 8 from a minimum of 2: a pool of 8, the running endpoints in their slots.
+        let slots = assign_slots(&keys, &running, 2, 8);
+        assert_eq!(slots.len(), 8 + 1);
+        assert_eq!(slots[1].as_deref(), Some("10.0.0.1|8080"));
+        // A limit above what runs keeps the running pool.
+        assert_eq!(assign_slots(&keys, &running, 2, 1000).len(), 100 + 1);
     }
 
     #[test]
