@@ -726,13 +726,19 @@ fn pem(value: Value, field: Option<&str>) -> Result<Value, Error> {
         let mut blocks = 0;
         for (n, raw) in s.lines().enumerate() {
             let line = raw.trim_end_matches('\r').trim();
-            let bad = || format!("line {} is not PEM: {}", n + 1, q(line));
+            // What is wrong, never the line: it is Secret data, and the reason goes to status
+            // and Events, which those allowed to see a namespace's objects but not its Secrets
+            // can read (and to webhook denials, whose caller the webhook cannot tell apart).
+            let bad = |why: &str| format!("line {} is not PEM: {why}", n + 1);
             if let Some(label) = line
                 .strip_prefix("-----BEGIN ")
                 .and_then(|l| l.strip_suffix("-----"))
             {
-                if inside.is_some() || !label.chars().all(|c| c.is_ascii_uppercase() || c == ' ') {
-                    return Err(bad());
+                if inside.is_some() {
+                    return Err(bad("a BEGIN line inside an open block"));
+                }
+                if !label.chars().all(|c| c.is_ascii_uppercase() || c == ' ') {
+                    return Err(bad("a BEGIN line whose label is not capital letters"));
                 }
                 inside = Some(label);
             } else if let Some(label) = line
@@ -740,18 +746,19 @@ fn pem(value: Value, field: Option<&str>) -> Result<Value, Error> {
                 .and_then(|l| l.strip_suffix("-----"))
             {
                 if inside != Some(label) {
-                    return Err(bad());
+                    return Err(bad("an END line that closes no open block of its label"));
                 }
                 inside = None;
                 blocks += 1;
             } else if line.is_empty() {
                 continue;
-            } else if inside.is_none()
-                || !line
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '='))
+            } else if inside.is_none() {
+                return Err(bad("text outside a BEGIN/END block"));
+            } else if !line
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '/' | '='))
             {
-                return Err(bad());
+                return Err(bad("characters other than base64 inside a block"));
             }
             out.push_str(line);
             out.push('\n');
