@@ -28,6 +28,16 @@ pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// The next number of a xorshift64 sequence (`state` must not start at 0): repeatable
+/// pseudo-random choices for randomized tests.
+#[cfg(test)]
+pub(crate) fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
 /// A hash seeded at random once per process, for values hashed once and looked up by that
 /// hash later in the same process (never stored or sent anywhere): no one outside can choose
 /// values that share a hash.

@@ -452,6 +452,33 @@ fn api_server_faults_do_not_lose_changes() {
     c.wait_route("b.example.com", "/", 200, "other-1", DEADLINE);
 }
 
+/// A crypt(3) hash of a password, as a basic-auth users Secret holds it.
+const USERS_HASH: &str = "$5$salt$i9KRhuJX1YCwObp1g6eH8m2riHepEVofFCkXiZmbSh8";
+
+/// Secret `default/users` with one user, `alice`, whose value is `hash`.
+fn users_secret(hash: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: users, namespace: default}}\ndata: {{alice: {}}}\n",
+        haptic_agent::base64::encode(hash.as_bytes())
+    )
+}
+
+/// Applies `users_secret(hash)` and Ingress `private` (private.example.com) with basic auth
+/// from it, and waits until HAProxy asks for credentials there.
+fn serve_private_with_users(c: &Cluster, hash: &str) {
+    let apply = |text: &str| c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(text));
+    let (ok, out) = apply(&users_secret(hash));
+    assert!(ok, "{out}");
+    let (ok, out) = apply(&ingress(
+        "private",
+        "private.example.com",
+        "web",
+        "haproxy.org/auth-type: basic-auth, haproxy.org/auth-secret: users",
+    ));
+    assert!(ok, "an Ingress with basic auth is admitted: {out}");
+    c.wait_route("private.example.com", "/", 401, "", DEADLINE);
+}
+
 #[test]
 fn webhook_denies_an_ingress_that_would_break_the_config() {
     let (c, _web) = routed_cluster(true);
@@ -503,26 +530,9 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
     // An object that turns bad outside the webhook's reach (the Secret holding its users gets
     // a value that is no password hash) is left out, and does not make the webhook deny
     // unrelated changes: it denies only what a change itself introduces.
-    let users = |hash: &str| {
-        format!(
-            "apiVersion: v1\nkind: Secret\nmetadata: {{name: users, namespace: default}}\ndata: {{alice: {}}}\n",
-            haptic_agent::base64::encode(hash.as_bytes())
-        )
-    };
+    serve_private_with_users(&c, USERS_HASH);
     let apply = |text: &str| c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(text));
-    let (ok, out) = apply(&users(
-        "$5$salt$i9KRhuJX1YCwObp1g6eH8m2riHepEVofFCkXiZmbSh8",
-    ));
-    assert!(ok, "{out}");
-    let (ok, out) = apply(&ingress(
-        "private",
-        "private.example.com",
-        "web",
-        "haproxy.org/auth-type: basic-auth, haproxy.org/auth-secret: users",
-    ));
-    assert!(ok, "an Ingress with basic auth is admitted: {out}");
-    c.wait_route("private.example.com", "/", 401, "", DEADLINE);
-    let (ok, out) = apply(&users("global\n  log stdout local0"));
+    let (ok, out) = apply(&users_secret("global\n  log stdout local0"));
     assert!(ok, "{out}");
     c.wait_route("private.example.com", "/", 404, "", DEADLINE);
     let (ok, out) = apply(&ingress("other", "other.example.com", "web", ""));
@@ -541,38 +551,11 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
 fn webhook_gives_a_forged_config_no_secrets_and_runs_none_of_its_code() {
     let (c, _web) = routed_cluster(true);
     // A tenant's Secret, in the controller's stores once its Ingress asks for basic auth.
-    let hash = "$5$salt$i9KRhuJX1YCwObp1g6eH8m2riHepEVofFCkXiZmbSh8";
-    let apply = |text: &str| c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(text));
-    let (ok, out) = apply(&format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: users, namespace: default}}\ndata: {{alice: {}}}\n",
-        haptic_agent::base64::encode(hash.as_bytes())
-    ));
-    assert!(ok, "{out}");
-    let (ok, out) = apply(&ingress(
-        "private",
-        "private.example.com",
-        "web",
-        "haproxy.org/auth-type: basic-auth, haproxy.org/auth-secret: users",
-    ));
-    assert!(ok, "{out}");
-    c.wait_route("private.example.com", "/", 401, "", DEADLINE);
+    let hash = USERS_HASH;
+    serve_private_with_users(&c, hash);
 
     let (tls, ip, port) = c.webhook.clone().expect("webhook enabled");
-    let ca = std::fs::read(tls.parent().unwrap().join("ca.crt")).unwrap();
-    let certs: Vec<_> = ureq::tls::parse_pem(&ca)
-        .filter_map(|i| match i {
-            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-            _ => None,
-        })
-        .collect();
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .tls_config(
-            ureq::tls::TlsConfig::builder()
-                .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
-                .build(),
-        )
-        .build()
-        .into();
+    let agent = support::https_agent(&std::fs::read(tls.parent().unwrap().join("ca.crt")).unwrap());
     // An AdmissionReview for a config whose main template is `template`, as anyone in the
     // cluster could send it: whether it was allowed, and the whole answer.
     let forged = |template: &str| -> (bool, String) {

@@ -928,9 +928,7 @@ mod tests {
         let hash = |k: &str| (k.len() % 3) as u64;
         let mut state: u64 = 0x2545_f491_4f6c_dd1d;
         for step in 0..2000 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
+            crate::xorshift(&mut state);
             let key = keys[(state % keys.len() as u64) as usize];
             if state % 3 == 0 {
                 seen.remove(hash(key), key);

@@ -203,9 +203,7 @@ mod tests {
         };
         let mut seed: u64 = 0x2545f4914f6cdd1d;
         let mut rand = |n: usize| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            crate::xorshift(&mut seed);
             (seed % n.max(1) as u64) as usize
         };
         for round in 0..500 {

@@ -574,12 +574,7 @@ mod tests {
         ];
         let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
         for round in 0..300 {
-            let mut next = || {
-                seed ^= seed << 13;
-                seed ^= seed >> 7;
-                seed ^= seed << 17;
-                seed
-            };
+            let mut next = || crate::xorshift(&mut seed);
             let n = (next() % 60) as usize;
             let picks: Vec<usize> = (0..n)
                 .map(|_| (next() % pool.len() as u64) as usize)

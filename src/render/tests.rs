@@ -826,12 +826,7 @@ fn builtin_comparing_filters_take_any_mix_of_tenant_values() {
     let engine = Engine::new(&spec_with(template, &[], &[])).unwrap();
     let mut seed: u64 = 0x5851_f42d_4c95_7f2d;
     for round in 0..150 {
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = || crate::xorshift(&mut seed);
         let n = 1 + (next() % 40) as usize;
         let objects: Vec<Arc<Doc>> = (0..n)
             .map(|i| {

@@ -880,9 +880,7 @@ mod tests {
         separate.separate_index();
         let mut seed = 7u64;
         let mut next = |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            crate::xorshift(&mut seed);
             seed % n
         };
         let lookups = [

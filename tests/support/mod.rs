@@ -119,22 +119,26 @@ impl DevApiServer {
     /// `POST /_dev/faults` with a JSON body.
     pub fn faults(&self, body: &serde_json::Value) {
         let ca = std::fs::read(self.dir.0.join("ca.crt")).unwrap();
-        let certs: Vec<_> = ureq::tls::parse_pem(&ca)
-            .filter_map(|i| match i {
-                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-                _ => None,
-            })
-            .collect();
-        let tls = ureq::tls::TlsConfig::builder()
-            .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
-            .build();
-        let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
-        agent
+        https_agent(&ca)
             .post(format!("{}/_dev/faults", self.url))
             .header("Content-Type", "application/json")
             .send(body.to_string().as_bytes())
             .unwrap_or_else(|e| panic!("POST /_dev/faults {body}: {e}"));
     }
+}
+
+/// An HTTPS client that trusts the certificates in `ca_pem` only.
+pub fn https_agent(ca_pem: &[u8]) -> ureq::Agent {
+    let certs: Vec<_> = ureq::tls::parse_pem(ca_pem)
+        .filter_map(|i| match i {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
+        .build();
+    ureq::Agent::config_builder().tls_config(tls).build().into()
 }
 
 impl Drop for DevApiServer {
