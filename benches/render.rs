@@ -2,7 +2,10 @@
 //! N Ingresses, each with its own Service and an EndpointSlice of three endpoints
 //! (`scripts/bench-objects.py`). Prints, per N, the full render, a re-render with nothing
 //! changed, one EndpointSlice change, one new Ingress, and — the floor, in the same run —
-//! `haproxy -c` on the same output and the raw JSON size of the objects.
+//! `haproxy -c` on the same output and the raw JSON size of the objects. Given two sizes, it
+//! then measures the growth from one to the other in pairs of neighbouring renders
+//! (`render-growth`), which the machine's other load moves far less than the ratio of the two
+//! medians.
 //!
 //!     cargo bench --bench render -- 1000 10000
 
@@ -80,7 +83,9 @@ fn main() {
     let engine = Engine::new(&spec).expect("the libraries compile");
     let work = std::env::temp_dir().join(format!("haptic-bench-render-{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("work dir");
-    for n in sizes {
+    // Every size's stores, kept for the paired growth measurement after the loop.
+    let mut worlds: Vec<(usize, BTreeMap<String, Arc<Store>>)> = Vec::new();
+    for &n in &sizes {
         let objects = work.join(format!("objects-{n}.yaml"));
         let status = Command::new("python3")
             .arg("scripts/bench-objects.py")
@@ -318,6 +323,74 @@ fn main() {
             ms(new_route),
             ms(check),
         );
+        worlds.push((n, stores));
+    }
+    if let [(small, small_stores), (large, large_stores)] = &worlds[..] {
+        let mut sorted = paired_growths(
+            Duration::from_secs(20),
+            9,
+            || full_render_of(&engine, &spec, small_stores),
+            || full_render_of(&engine, &spec, large_stores),
+        );
+        sorted.sort_by(f64::total_cmp);
+        println!(
+            "render-growth small={small} large={large} pairs={} paired_growth={:.2} lowest={:.2} highest={:.2}",
+            sorted.len(),
+            sorted[sorted.len() / 2],
+            sorted[0],
+            sorted[sorted.len() - 1],
+        );
     }
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// One full render of `stores` into a new cache, timed as the benchmark's full render is.
+fn full_render_of(
+    engine: &Engine,
+    spec: &haptic::config::Spec,
+    stores: &BTreeMap<String, Arc<Store>>,
+) -> Duration {
+    let mut cache = RenderCache::new();
+    let inputs = RenderInputs {
+        stores: stores.clone(),
+        extra_context: spec.templating_settings.extra_context.clone(),
+        current_config: None,
+        base_dir: None,
+    };
+    let started = Instant::now();
+    let rendered = engine.render_cached(&inputs, &mut cache).expect("render");
+    let took = started.elapsed();
+    drop((rendered, cache));
+    took
+}
+
+/// The growth from the small render to the large one, measured in pairs: small and large
+/// renders alternate, and each large render is divided by the mean of the small ones just
+/// before and after it. On a machine shared with others, the load changes over seconds and
+/// a ratio of two medians taken a minute apart moves with it (8.3× to 14.3× for the same
+/// binaries in one hour); a ratio of neighbours sees the same load on both sides. Each timed
+/// render follows an untimed one of the same size, so it finds the caches as the medians'
+/// repeated renders do, not emptied by the other size. At least `pairs` ratios, and as many
+/// as `budget` allows (an odd number).
+fn paired_growths(
+    budget: Duration,
+    pairs: usize,
+    mut small: impl FnMut() -> Duration,
+    mut large: impl FnMut() -> Duration,
+) -> Vec<f64> {
+    let mut warm_small = || {
+        small();
+        small()
+    };
+    let started = Instant::now();
+    let mut growths = Vec::new();
+    let mut before = warm_small();
+    while growths.len() < pairs || started.elapsed() < budget || growths.len() % 2 == 0 {
+        large();
+        let big = large();
+        let after = warm_small();
+        growths.push(big.as_secs_f64() / ((before + after).as_secs_f64() / 2.0));
+        before = after;
+    }
+    growths
 }

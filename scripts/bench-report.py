@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the benchmark figures of one `scripts/bench.sh` run next to their goals and floors.
 
-Reads the benchmarks' own output lines (`render-libraries …`, `render-counts …`, `render-cli …`, `watch-ingest …`,
+Reads the benchmarks' own output lines (`render-libraries …`, `render-growth …`, `render-counts …`, `render-cli …`, `watch-ingest …`,
 `latency …`, `soak …`) on stdin; each line is `name key=value …`. The goals are those of the scale issues;
 the floors were measured in the same run (haproxy -c on the same output, the raw JSON size of
 the same objects). A figure whose benchmark did not run is left out.
@@ -24,13 +24,15 @@ def num(v):
 
 def main():
     render, cli, watch, latency, bursts, setups, soak = {}, None, None, {}, {}, {}, None
-    counts = {}
+    counts, paired = {}, None
     warmups, idle, reload_classify = {}, None, {}
     for line in sys.stdin:
         line = line.strip()
         f = fields(line)
         if line.startswith("render-libraries "):
             render[int(f["n"])] = f
+        elif line.startswith("render-growth "):
+            paired = f
         elif line.startswith("render-counts "):
             counts[int(f["n"])] = f
         elif line.startswith("render-reconcile-reload "):
@@ -74,6 +76,12 @@ def main():
     if 1000 in render and 10000 in render:
         growth = num(render[10000]["full_ms"]) / num(render[1000]["full_ms"])
         row("render growth 1k → 10k", f"{growth:.1f}×", "≤ 11×", "linear: 10×", growth <= 11)
+    if paired and paired.get("small") == "1000" and paired.get("large") == "10000":
+        # The same growth from neighbouring renders: the ratio above divides medians taken a
+        # minute apart, and moves with the machine's other load in between.
+        g = num(paired["paired_growth"])
+        row("render growth 1k → 10k, in pairs", f"{g:.2f}×", "≤ 11×",
+            f"linear: 10×; {paired['pairs']} pairs from {num(paired['lowest']):.1f}× to {num(paired['highest']):.1f}×", g <= 11)
     for n, f in sorted(counts.items()):
         row(f"render {n:,}, full render counted (cachegrind)",
             f"{int(f['instructions']) / 1e6:,.0f} M instructions", "",

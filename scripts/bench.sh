@@ -4,7 +4,8 @@
 #   scripts/bench.sh            every benchmark
 #   scripts/bench.sh render     render through the six libraries at 1,000 and 10,000 Ingresses
 #                               (+ Services + EndpointSlices): full, unchanged, one EndpointSlice
-#                               change, one new Ingress, peak memory, haproxy -c on the same output
+#                               change, one new Ingress, peak memory, haproxy -c on the same output,
+#                               and the growth from 1,000 to 10,000 in pairs of neighbouring renders
 #   scripts/bench.sh counts     the same full renders counted by cachegrind: instructions and misses
 #                               of a simulated 32 MiB last-level cache per render, at 1,000 and
 #                               10,000 (figures that do not move with the machine's other load)
@@ -41,7 +42,7 @@ bench_render() {
   # changed, one EndpointSlice change, one new Ingress, and the floor in the same run:
   # haproxy -c on the same output and the raw JSON size of the objects.
   ensure_packages haproxy:haproxy
-  cargo bench --quiet --bench render -- 1000 10000 2>/dev/null | grep -E '^render-(libraries|reconcile-reload)'
+  cargo bench --quiet --bench render -- 1000 10000 2>/dev/null | grep -E '^render-(libraries|reconcile-reload|growth)'
   # `haptic render` on the same 10,000 with the binary the images carry (the static musl
   # build, whose allocator is not glibc's): its render time and peak memory.
   local bin; bin=$(static_haptic)
