@@ -1,7 +1,9 @@
 //! `haproxy -c` on a bundle, in a private temporary directory.
 //!
 //! Auxiliary files are referenced relative to haproxy.cfg (`default-path config`), so writing the
-//! bundle as-is into a fresh directory checks exactly what the agent will write.
+//! bundle as-is into a fresh directory checks exactly what the agent will write. The check runs
+//! in a Landlock sandbox (`sandbox`): it reads its own directory and what HAProxy needs to
+//! start, nothing else of the controller's.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -111,19 +113,35 @@ pub fn check_bundle(haproxy_bin: &str, bundle: &Bundle) -> Result<String, CheckE
     check_file(haproxy_bin, &dir.path().join("haproxy.cfg"))
 }
 
-/// Runs `haproxy -c -f cfg`, with messages shortened to paths relative to the config dir.
+/// Runs `haproxy -c -f cfg`, with messages shortened to paths relative to the config dir, in
+/// a sandbox that lets it read that directory and what HAProxy needs to start.
 pub fn check_file(haproxy_bin: &str, cfg: &Path) -> Result<String, CheckError> {
     let dir = cfg.parent().unwrap_or(Path::new("."));
-    let mut child = Command::new(haproxy_bin)
+    let ruleset = super::sandbox::ruleset_for_check(dir, haproxy_bin)
+        .map_err(|e| CheckError::CouldNotRun(format!("sandbox: {e}")))?;
+    let mut command = Command::new(haproxy_bin);
+    command
         .arg("-c")
         .arg("-f")
         .arg(cfg)
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(ruleset) = &ruleset {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let fd = ruleset.as_raw_fd();
+        // SAFETY: `enter` makes two system calls and allocates nothing, as a child between
+        // fork and exec must.
+        unsafe {
+            command.pre_exec(move || super::sandbox::enter(fd));
+        }
+    }
+    let mut child = command
         .spawn()
         .map_err(|e| CheckError::CouldNotRun(format!("start {haproxy_bin}: {e}")))?;
+    drop(ruleset);
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     // Read both pipes on threads so a chatty haproxy cannot block on a full pipe.
@@ -206,5 +224,130 @@ pub fn major_minor(release: &str) -> Result<String, String> {
             minor.trim_end_matches(|c: char| !c.is_ascii_digit())
         )),
         _ => Err(format!("unexpected haproxy version {release:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use haptic_agent::protocol::{BundleFile, FileKind};
+
+    /// Whether this kernel can sandbox the check; the tests below say so when it cannot.
+    fn sandboxed() -> bool {
+        let yes = crate::validate::sandbox::abi().is_some();
+        if !yes {
+            eprintln!("SKIPPED: this kernel has no Landlock, haproxy -c runs without its sandbox");
+        }
+        yes
+    }
+
+    const HEAD: &str = "global\n  log stdout format raw local0\ndefaults\n  mode http\n  timeout client 1s\n  timeout server 1s\n  timeout connect 1s\n";
+
+    fn bundle(cfg: String, files: Vec<(&str, &str)>) -> Bundle {
+        Bundle::new(
+            cfg,
+            files
+                .into_iter()
+                .map(|(path, content)| BundleFile {
+                    kind: FileKind::General,
+                    path: path.to_string(),
+                    content: content.as_bytes().to_vec(),
+                })
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn a_check_reads_its_own_files_and_no_file_of_the_controller() {
+        if !sandboxed() {
+            return;
+        }
+        // A file the controller can read, outside the check's directory: as the service
+        // account token or a mounted credential is.
+        let private = TempDir::new("haptic-test-private").expect("dir");
+        let secret = private.path().join("token");
+        std::fs::write(&secret, "secret-token-abc.def\n").expect("write");
+        let acl = |source: &str| {
+            format!(
+                "{HEAD}frontend f\n  bind 127.0.0.1:8080\n  acl allowed src -f {source}\n  http-request deny unless allowed\n"
+            )
+        };
+        // The check's own files are read: a valid list passes, an invalid one is quoted.
+        let own = check_bundle(
+            "haproxy",
+            &bundle(acl("nets.lst"), vec![("nets.lst", "10.0.0.0/8\n")]),
+        );
+        assert!(own.is_ok(), "{own:?}");
+        let own = check_bundle(
+            "haproxy",
+            &bundle(acl("nets.lst"), vec![("nets.lst", "not-a-net\n")]),
+        );
+        assert!(
+            matches!(&own, Err(CheckError::Rejected { message }) if message.contains("not-a-net")),
+            "{own:?}"
+        );
+        // A file outside it is not: the check fails without quoting it.
+        let outside = check_bundle(
+            "haproxy",
+            &bundle(acl(&secret.display().to_string()), vec![]),
+        );
+        let Err(CheckError::Rejected { message }) = &outside else {
+            panic!("the check read a file outside its directory: {outside:?}");
+        };
+        assert!(!message.contains("secret-token"), "{message}");
+        assert!(
+            message.contains("token"),
+            "HAProxy names the file it could not open: {message}"
+        );
+    }
+
+    #[test]
+    fn lua_in_a_check_can_neither_read_write_signal_nor_connect_outside_it() {
+        if !sandboxed() {
+            return;
+        }
+        let private = TempDir::new("haptic-test-private").expect("dir");
+        let secret = private.path().join("token");
+        std::fs::write(&secret, "secret-token-abc.def\n").expect("write");
+        let marker = private.path().join("marker");
+        // A process of the controller's user outside the sandbox (as the controller is).
+        let mut victim = Command::new("sleep").arg("30").spawn().expect("sleep");
+        // A TCP service it could reach (the API server, a metadata endpoint).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let lua = format!(
+            "local f = io.open({secret:?}, 'r')\n\
+             if f then print('read: ' .. f:read('*l')) end\n\
+             local w = io.open({marker:?}, 'w')\n\
+             if w then w:write('written') w:close() end\n\
+             os.execute('kill -9 {pid}')\n\
+             os.execute([[bash -c 'echo hello > /dev/tcp/127.0.0.1/{port}']])\n\
+             print('lua ran')\n",
+            secret = secret.display().to_string(),
+            marker = marker.display().to_string(),
+            pid = victim.id(),
+        );
+        let cfg = HEAD.replacen("global\n", "global\n  lua-load probe.lua\n", 1);
+        let result = check_bundle("haproxy", &bundle(cfg, vec![("probe.lua", &lua)]));
+        let alive = victim.try_wait().expect("wait").is_none();
+        let _ = victim.kill();
+        let _ = victim.wait();
+        let text = format!("{result:?}");
+        assert!(text.contains("lua ran"), "the Lua file did not run: {text}");
+        let mut escaped = Vec::new();
+        if text.contains("secret-token") {
+            escaped.push("read a file outside the check");
+        }
+        if marker.exists() {
+            escaped.push("wrote a file outside the check");
+        }
+        if !alive {
+            escaped.push("killed a process outside the check");
+        }
+        if listener.accept().is_ok() {
+            escaped.push("connected to a TCP service");
+        }
+        assert!(escaped.is_empty(), "Lua {escaped:?}: {text}");
     }
 }

@@ -4,4 +4,5 @@
 pub mod fixtures;
 pub mod haproxy;
 pub(crate) mod isolate;
+pub mod sandbox;
 pub(crate) mod suite;

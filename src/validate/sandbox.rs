@@ -1,0 +1,235 @@
+//! A Landlock sandbox for `haproxy -c`.
+//!
+//! The controller runs `haproxy -c` on configurations that carry tenant text: with
+//! `allow_config_snippets`, a snippet such as `acl x src -f /var/run/secrets/…/token` makes
+//! HAProxy open that file and quote its first line in an alert, and the alert reaches status,
+//! Events and webhook denials; a `lua-load`ed file runs at parse time. In the sandbox the check
+//! can read only its own directory and what HAProxy itself needs to start (its binary, shared
+//! libraries, name resolution, CA bundles), never the controller's credentials, the service
+//! account token or another check's directory. It can write and create nothing, open no TCP
+//! connection (Landlock ABI 4) and send no signal to a process outside the sandbox, the
+//! controller included (ABI 6).
+//!
+//! Landlock needs no privilege and is enabled by most distributions' kernels since 5.13. Where
+//! it is missing, checks run as before and the controller says so once, at warning level.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+const CREATE_RULESET_VERSION: u32 = 1 << 0;
+const RULE_PATH_BENEATH: libc::c_int = 1;
+
+const FS_EXECUTE: u64 = 1 << 0;
+const FS_WRITE_FILE: u64 = 1 << 1;
+const FS_READ_FILE: u64 = 1 << 2;
+const FS_READ_DIR: u64 = 1 << 3;
+/// Rights that apply to a file (not only to a directory) in every ABI.
+const FS_FILE_RIGHTS: u64 = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE;
+
+const NET_BIND_TCP: u64 = 1 << 0;
+const NET_CONNECT_TCP: u64 = 1 << 1;
+
+const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+const SCOPE_SIGNAL: u64 = 1 << 1;
+
+#[repr(C)]
+struct RulesetAttr {
+    handled_access_fs: u64,
+    handled_access_net: u64,
+    scoped: u64,
+}
+
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+/// Every file-system right the kernel's Landlock ABI knows: all of them are denied unless a
+/// rule allows them.
+fn handled_fs(abi: i64) -> u64 {
+    match abi {
+        1 => (1 << 13) - 1,
+        2 => (1 << 14) - 1,
+        3 | 4 => (1 << 15) - 1,
+        _ => (1 << 16) - 1,
+    }
+}
+
+/// The kernel's Landlock ABI version, or `None` where Landlock is not available.
+pub fn abi() -> Option<i64> {
+    static ABI: OnceLock<Option<i64>> = OnceLock::new();
+    *ABI.get_or_init(|| {
+        // SAFETY: the documented version query: no attribute pointer, size 0.
+        let v = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<RulesetAttr>(),
+                0usize,
+                CREATE_RULESET_VERSION,
+            )
+        };
+        if v < 1 {
+            log::warn!(
+                "Landlock is not available in this kernel ({}): haproxy -c runs without its sandbox and can read every file the controller can",
+                io::Error::last_os_error()
+            );
+            None
+        } else {
+            Some(v as i64)
+        }
+    })
+}
+
+/// What a `haproxy -c` of a configuration in `dir` may read: `dir` itself, the binary, and
+/// the system paths HAProxy reads to start (present ones only).
+fn readable(dir: &Path, binary: Option<PathBuf>) -> Vec<(PathBuf, u64)> {
+    let read_dir = FS_READ_FILE | FS_READ_DIR;
+    let mut paths = vec![(dir.to_path_buf(), read_dir)];
+    // Programs and shared libraries (Debian's haproxy and its libraries, Lua modules, a static
+    // haproxy in /usr/local/sbin).
+    for system in ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"] {
+        paths.push((PathBuf::from(system), read_dir | FS_EXECUTE));
+    }
+    // Of /etc, only what the loader, the resolver, time zones and TLS read: the controller's
+    // own credentials and certificates are mounted under /etc/haptic.
+    for etc in [
+        "/etc/ld.so.cache",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+        "/etc/localtime",
+        "/etc/resolv.conf",
+        "/etc/hosts",
+        "/etc/host.conf",
+        "/etc/nsswitch.conf",
+        "/etc/gai.conf",
+        "/etc/services",
+        "/etc/protocols",
+        "/etc/ssl",
+        "/etc/pki",
+        "/etc/ca-certificates",
+    ] {
+        paths.push((PathBuf::from(etc), read_dir));
+    }
+    for dev in ["/dev/null", "/dev/urandom", "/dev/random"] {
+        paths.push((PathBuf::from(dev), FS_READ_FILE | FS_WRITE_FILE));
+    }
+    if let Some(binary) = binary {
+        paths.push((binary, FS_READ_FILE | FS_EXECUTE));
+    }
+    paths
+}
+
+/// `name` as `Command` would find it: a path as given, a bare name on `PATH`.
+fn resolve(name: &str) -> Option<PathBuf> {
+    if name.contains('/') {
+        return Some(PathBuf::from(name));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A Landlock ruleset for one `haproxy -c` of a configuration in `dir`, ready for the child
+/// to enter (`enter`). `None` where Landlock is not available.
+pub fn ruleset_for_check(dir: &Path, haproxy_bin: &str) -> io::Result<Option<OwnedFd>> {
+    let Some(abi) = abi() else {
+        return Ok(None);
+    };
+    let attr = RulesetAttr {
+        handled_access_fs: handled_fs(abi),
+        handled_access_net: if abi >= 4 {
+            NET_BIND_TCP | NET_CONNECT_TCP
+        } else {
+            0
+        },
+        scoped: if abi >= 6 {
+            SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+        } else {
+            0
+        },
+    };
+    // Older kernels refuse a larger attribute than they know: give them the part they read.
+    let size = if abi >= 6 {
+        std::mem::size_of::<RulesetAttr>()
+    } else if abi >= 4 {
+        16
+    } else {
+        8
+    };
+    // SAFETY: `attr` is a valid ruleset attribute of at least `size` bytes.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            &attr as *const RulesetAttr,
+            size,
+            0u32,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel returned a new file descriptor that nothing else owns.
+    let ruleset = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+    for (path, access) in readable(dir, resolve(haproxy_bin)) {
+        let Ok(c_path) = CString::new(path.as_os_str().as_bytes()) else {
+            continue;
+        };
+        // SAFETY: a NUL-terminated path; O_PATH opens it only as a reference.
+        let raw = unsafe { libc::open(c_path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+        if raw < 0 {
+            continue; // not on this system (a scratch image has no /usr/lib)
+        }
+        // SAFETY: `open` returned a new descriptor.
+        let parent = unsafe { OwnedFd::from_raw_fd(raw) };
+        let is_dir = std::fs::metadata(&path)
+            .map(|m| m.is_dir())
+            .unwrap_or(false);
+        let allowed = if is_dir {
+            access
+        } else {
+            access & FS_FILE_RIGHTS
+        };
+        let rule = PathBeneathAttr {
+            allowed_access: allowed & handled_fs(abi),
+            parent_fd: parent.as_raw_fd(),
+        };
+        // SAFETY: a valid rule for a path-beneath rule type, on our ruleset.
+        let added = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_add_rule,
+                ruleset.as_raw_fd(),
+                RULE_PATH_BENEATH,
+                &rule as *const PathBeneathAttr,
+                0u32,
+            )
+        };
+        if added < 0 {
+            return Err(io::Error::other(format!(
+                "landlock rule for {}: {}",
+                path.display(),
+                io::Error::last_os_error()
+            )));
+        }
+    }
+    Ok(Some(ruleset))
+}
+
+/// Enters the ruleset: for the child between fork and exec, so it does only what is safe
+/// there (two system calls, no allocation).
+pub fn enter(ruleset: RawFd) -> io::Result<()> {
+    // SAFETY: plain system calls on integers.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::syscall(libc::SYS_landlock_restrict_self, ruleset, 0u32) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
