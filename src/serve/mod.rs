@@ -1,6 +1,7 @@
 //! The controller's HTTP surfaces: health and debug (8080), metrics (9090), and the admission
 //! webhook (9443, [`webhook`]). Debug endpoints answer loopback clients only (port-forward).
 
+mod turns;
 pub(crate) mod webhook;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,7 +5,7 @@
 //! its files change.
 
 use std::io::BufReader;
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -65,6 +65,8 @@ struct Webhook {
     /// Render units memoized across admission requests: admitting one object costs that
     /// object's units plus the check, not a render of the whole cluster.
     cache: Mutex<RenderCache>,
+    /// Reviews of watched objects render one at a time, peers in rotation.
+    turns: super::turns::Turns,
 }
 
 /// Connections served at once, and from one peer address.
@@ -97,6 +99,7 @@ pub(crate) fn start(
         watchers,
         haproxy_bin,
         cache: Mutex::new(RenderCache::new()),
+        turns: Default::default(),
     });
     // Bounded overall and per peer address: in-cluster peers without a certificate the API
     // server trusts can reach this port, and must not be able to take its threads.
@@ -134,6 +137,9 @@ pub(crate) fn start(
 }
 
 fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
+    let Ok(peer) = stream.peer_addr().map(|a| a.ip()) else {
+        return;
+    };
     let _ = stream.set_nonblocking(false);
     let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
@@ -162,7 +168,9 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
         Ok(head) => match http::body_length(&head, &limits)
             .and_then(|n| http::read_body(&mut reader, n, Instant::now() + Duration::from_secs(10)))
         {
-            Ok(body) if head.method == "POST" && head.path == "/validate" => webhook.review(&body),
+            Ok(body) if head.method == "POST" && head.path == "/validate" => {
+                webhook.review(&body, peer)
+            }
             Ok(_) => Response::error(404, "not_found", "POST /validate"),
             Err(e) => Response::error(400, "bad_request", format!("{e:?}")),
         },
@@ -175,7 +183,7 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
 }
 
 impl Webhook {
-    fn review(&self, body: &[u8]) -> Response {
+    fn review(&self, body: &[u8], peer: IpAddr) -> Response {
         let review: Value = match serde_json::from_slice(body) {
             Ok(v) => v,
             Err(e) => {
@@ -185,7 +193,7 @@ impl Webhook {
         let request = review.get("request").cloned().unwrap_or(Value::Null);
         let uid = request.get("uid").cloned().unwrap_or(Value::Null);
         let started = Instant::now();
-        let verdict = self.decide(&request);
+        let verdict = self.decide(&request, peer);
         // Only a configuration that would really be invalid is denied; when the controller
         // cannot decide (no config yet, haproxy missing) it admits with a warning rather than
         // blocking every write to the watched kinds.
@@ -223,7 +231,7 @@ impl Webhook {
         )
     }
 
-    fn decide(&self, request: &Value) -> Result<(), Denial> {
+    fn decide(&self, request: &Value, peer: IpAddr) -> Result<(), Denial> {
         let group = request
             .pointer("/resource/group")
             .and_then(Value::as_str)
@@ -279,6 +287,9 @@ impl Webhook {
         if !watched.enable_validation_webhook {
             return Ok(());
         }
+        // Waits for this peer's turn: a peer flooding the port delays another's review by at
+        // most one render of its own, not by all it has queued.
+        let _turn = self.turns.take(peer);
         let without = lock(&self.watchers).snapshot();
         let mut stores = without.clone();
         let mut store = stores
