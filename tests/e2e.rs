@@ -608,6 +608,115 @@ fn webhook_gives_a_forged_config_no_secrets_and_runs_none_of_its_code() {
     );
 }
 
+/// With `--webhook-client-ca`, the webhook answers only callers with a client certificate
+/// from that CA: the API server, configured as kube-apiserver is (an AdmissionConfiguration
+/// whose kubeconfig gives it a client certificate for webhooks). A review posted by anyone
+/// else, with no certificate or one from another CA, gets no answer.
+#[test]
+fn webhook_with_a_client_ca_answers_only_the_api_server() {
+    require("haproxy");
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    // The API server's webhook client certificate, from a CA of its own.
+    let api = support::TempDir::new("e2e-webhook-client");
+    let status = Command::new(root.join("scripts/gen-certs.sh"))
+        .arg(&api.0)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::write(
+        api.0.join("webhook-kubeconfig.yaml"),
+        "apiVersion: v1\nkind: Config\nusers:\n- name: '*'\n  user:\n    client-certificate: controller.crt\n    client-key: controller.key\n",
+    )
+    .unwrap();
+    let admission = api.0.join("admission.yaml");
+    std::fs::write(
+        &admission,
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n- name: ValidatingAdmissionWebhook\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: webhook-kubeconfig.yaml\n",
+    )
+    .unwrap();
+    let mut c = Cluster::start(&[
+        "--admission-control-config-file",
+        admission.to_str().unwrap(),
+    ]);
+    c.apply_config(&c.config_object(""));
+    c.enable_webhook();
+    c.webhook_client_ca = Some(api.0.join("ca.crt"));
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    let web = Backend::start("web-1");
+    c.create_service("web", &[&web]);
+
+    // The API server is answered: a bad Ingress is denied with the reason, a good one admitted.
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress(
+            "bad",
+            "bad.example.com",
+            "web",
+            "haproxy.org/timeout-server: banana",
+        )),
+    );
+    assert!(
+        !ok && out.contains("denied the request") && out.contains("is not a time"),
+        "the webhook must answer the API server, and deny: {out}"
+    );
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("web", "web.example.com", "web", "")),
+    );
+    assert!(ok, "{out}");
+    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
+
+    // Anyone else is not: the same review, posted without a certificate, and with a client
+    // certificate of another CA (the agents' CA, which the controller also trusts elsewhere).
+    let (tls, ip, port) = c.webhook.clone().expect("webhook enabled");
+    let serving_ca = std::fs::read(tls.parent().unwrap().join("ca.crt")).unwrap();
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "forged", "operation": "CREATE", "namespace": NS, "name": "forged",
+        "kind": {"group": "networking.k8s.io", "version": "v1", "kind": "Ingress"},
+        "resource": {"group": "networking.k8s.io", "version": "v1", "resource": "ingresses"},
+        "object": serde_yaml::from_str::<serde_json::Value>(&ingress("forged", "forged.example.com", "web", "")).unwrap()}});
+    let post = |agent: ureq::Agent| {
+        agent
+            .post(format!("https://{ip}:{port}/validate"))
+            .header("Content-Type", "application/json")
+            .send(review.to_string().as_bytes())
+            .map(|mut r| r.body_mut().read_to_string().unwrap_or_default())
+    };
+    let anonymous = post(support::https_agent(&serving_ca));
+    assert!(
+        anonymous.is_err(),
+        "a caller without a certificate was answered: {anonymous:?}"
+    );
+    let other_ca = post(support::https_agent_as(
+        &serving_ca,
+        Some((
+            &std::fs::read(c.certs.join("controller.crt")).unwrap(),
+            &std::fs::read(c.certs.join("controller.key")).unwrap(),
+        )),
+    ));
+    assert!(
+        other_ca.is_err(),
+        "a caller with another CA's certificate was answered: {other_ca:?}"
+    );
+    // The API server's own certificate is answered (the check above is the CA, not the port).
+    let api_server = post(support::https_agent_as(
+        &serving_ca,
+        Some((
+            &std::fs::read(api.0.join("controller.crt")).unwrap(),
+            &std::fs::read(api.0.join("controller.key")).unwrap(),
+        )),
+    ));
+    let answer: serde_json::Value = serde_json::from_str(
+        api_server
+            .as_ref()
+            .expect("the API server's certificate is answered"),
+    )
+    .unwrap();
+    assert_eq!(answer["response"]["allowed"], json!(true), "{answer}");
+}
+
 #[test]
 fn a_tenants_bad_ingress_is_left_out_and_other_changes_keep_flowing() {
     let (c, _web) = routed_cluster(false);

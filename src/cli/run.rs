@@ -20,6 +20,7 @@ const OPTIONS: &[Spec] = &[
     opt("agent-server-name", None, "DNS name the agents' certificate must carry (env AGENT_SERVER_NAME; default haptic-agent)"),
     opt("agent-credentials-dir", None, "Plain HTTP with basic auth from DIR/username and DIR/password, for agents run with --insecure-http-with-basic-auth (env AGENT_CREDENTIALS_DIR; default: mutual TLS)"),
     opt("webhook-cert-dir", None, "Directory with the webhook's tls.crt and tls.key (env WEBHOOK_CERT_DIR; default /etc/haptic/webhook)"),
+    opt("webhook-client-ca", None, "Require a client certificate issued by this CA (PEM) of the webhook's callers: the API server's, from its AdmissionConfiguration (env WEBHOOK_CLIENT_CA; default: any caller)"),
     opt("log-level", None, "TRACE, DEBUG, INFO, WARN or ERROR (env LOG_LEVEL; default INFO; spec.logging.level overrides)"),
 ];
 
@@ -93,6 +94,9 @@ pub(super) fn run(args: &[String]) -> CommandResult {
         webhook_cert_dir: flag_or_env(&parsed, "webhook-cert-dir", "WEBHOOK_CERT_DIR")
             .unwrap_or_else(|| "/etc/haptic/webhook".into())
             .into(),
+        webhook_client_ca: flag_or_env(&parsed, "webhook-client-ca", "WEBHOOK_CLIENT_CA")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from),
     };
     run_controller(options).map_err(|e| e.into())
 }

@@ -50,6 +50,9 @@ pub struct Options {
     /// Plain HTTP with basic auth from these files (`username`, `password`) instead of mTLS.
     pub agent_credentials_dir: Option<PathBuf>,
     pub webhook_cert_dir: PathBuf,
+    /// The CA whose client certificates the webhook requires (the API server's); none: the
+    /// webhook answers any peer.
+    pub webhook_client_ca: Option<PathBuf>,
 }
 
 /// How often resources the API server did not serve are looked up again.
@@ -231,6 +234,7 @@ fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
         crate::serve::webhook::start(
             addr,
             &opts.webhook_cert_dir,
+            opts.webhook_client_ca.as_deref(),
             shared.clone(),
             watchers.clone(),
             opts.haproxy_bin.clone(),

@@ -6,7 +6,7 @@
 
 use std::io::BufReader;
 use std::net::{IpAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,18 +30,20 @@ use haptic_agent::classify::{classify, Classification};
 use haptic_agent::protocol::Bundle;
 use std::collections::BTreeSet;
 
-/// The webhook's serving certificate, re-read when its files change.
+/// The webhook's serving certificate, and the CA of the client certificate it requires when
+/// one is given, re-read when their files change.
 struct Tls {
     current: Reloading<Arc<ServerConfig>>,
 }
 
 impl Tls {
     fn config(&self) -> Result<Arc<ServerConfig>, String> {
-        self.current.get(|paths| build(&paths[0], &paths[1]))
+        self.current
+            .get(|paths| build(&paths[0], &paths[1], paths.get(2).map(PathBuf::as_path)))
     }
 }
 
-fn build(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
+fn build(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<ServerConfig>, String> {
     let read = |p: &Path| std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()));
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert)?)
         .collect::<Result<_, _>>()
@@ -49,10 +51,34 @@ fn build(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, String> {
     let key = PrivateKeyDer::from_pem_slice(&read(key)?)
         .map_err(|e| format!("{}: {e}", key.display()))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ServerConfig::builder_with_provider(provider)
+    let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
+        .map_err(|e| e.to_string())?;
+    let builder = match client_ca {
+        // Only a peer with a certificate from this CA (the API server's, configured with its
+        // AdmissionConfiguration) gets past the handshake.
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for cert in CertificateDer::pem_slice_iter(&read(ca)?) {
+                let cert = cert.map_err(|e| format!("{}: {e}", ca.display()))?;
+                roots
+                    .add(cert)
+                    .map_err(|e| format!("{}: {e}", ca.display()))?;
+            }
+            if roots.is_empty() {
+                return Err(format!("{}: no certificate", ca.display()));
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .map_err(|e| format!("webhook client CA {}: {e}", ca.display()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let config = builder
         .with_single_cert(chain, key)
         .map_err(|e| format!("webhook certificate: {e}"))?;
     Ok(Arc::new(config))
@@ -79,13 +105,16 @@ const IO_TIMEOUT: Duration = Duration::from_secs(15);
 pub(crate) fn start(
     addr: &str,
     cert_dir: &Path,
+    client_ca: Option<&Path>,
     shared: Arc<Shared>,
     watchers: Arc<Mutex<Watchers>>,
     haproxy_bin: String,
     stop: Arc<AtomicBool>,
 ) -> Result<(), String> {
+    let mut files = vec![cert_dir.join("tls.crt"), cert_dir.join("tls.key")];
+    files.extend(client_ca.map(Path::to_path_buf));
     let tls = Arc::new(Tls {
-        current: Reloading::new(vec![cert_dir.join("tls.crt"), cert_dir.join("tls.key")]),
+        current: Reloading::new(files),
     });
     if let Err(e) = tls.config() {
         log::warn!("webhook certificate not available yet ({e}); the webhook answers once it is");

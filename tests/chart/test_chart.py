@@ -534,6 +534,27 @@ class Manifests(unittest.TestCase):
                 for url in re.findall(r"https?://[^\s\"']+", text):
                     self.fail(f"{variant} {path}: external URL {url}")
 
+    def test_webhook_client_ca(self):
+        """With webhook.clientCA the controller requires the API server's client certificate."""
+        pem = "-----BEGIN CERTIFICATE-----\nMIIBdummy\n-----END CERTIFICATE-----"
+        _, _, docs = render("defaults", {"webhook": {"clientCA": pem}})
+        cm = one(docs, "ConfigMap", f"{FULLNAME}-webhook-client-ca")
+        self.assertEqual(cm["data"]["ca.crt"].strip(), pem)
+        deploy = one(docs, "Deployment", f"{FULLNAME}-controller")
+        ctrl = next(c for c in containers(deploy, init=False) if any(e["name"] == "WEBHOOK_CLIENT_CA" for e in c.get("env", [])))
+        path = next(e["value"] for e in ctrl["env"] if e["name"] == "WEBHOOK_CLIENT_CA")
+        mount = next(m for m in ctrl["volumeMounts"] if m["name"] == "webhook-client-ca")
+        self.assertEqual(path, mount["mountPath"] + "/ca.crt")
+        volume = next(v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-client-ca")
+        self.assertEqual(volume["configMap"]["name"], cm["metadata"]["name"])
+        # Without it (the default), or without the webhook, none of this is rendered.
+        for extra in (None, {"webhook": {"enabled": False, "clientCA": pem}}):
+            _, _, docs = render("defaults", extra)
+            self.assertEqual(find(docs, "ConfigMap", f"{FULLNAME}-webhook-client-ca"), [])
+            deploy = one(docs, "Deployment", f"{FULLNAME}-controller")
+            for c in containers(deploy, init=False):
+                self.assertNotIn("WEBHOOK_CLIENT_CA", [e["name"] for e in c.get("env", [])])
+
     def test_network_policies(self):
         _, _, docs = render("everything")
         controller = one(docs, "NetworkPolicy", f"{FULLNAME}-controller")["spec"]

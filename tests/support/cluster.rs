@@ -393,6 +393,8 @@ pub struct Cluster {
     pub controllers: Vec<Controller>,
     /// Webhook certificate directory and the address controller replicas serve it on.
     pub webhook: Option<(PathBuf, String, u16)>,
+    /// The CA whose client certificates the webhook requires (`--webhook-client-ca`).
+    pub webhook_client_ca: Option<PathBuf>,
     /// Agents run `--insecure-http-with-basic-auth`; controllers use `--agent-credentials-dir`.
     pub insecure_agents: bool,
     /// The HAProxy binary controllers validate with.
@@ -464,6 +466,7 @@ impl Cluster {
             pods: Vec::new(),
             controllers: Vec::new(),
             webhook: None,
+            webhook_client_ca: None,
             insecure_agents: false,
             controller_haproxy: "haproxy".into(),
         }
@@ -623,12 +626,18 @@ impl Cluster {
         let (ip, health_port, metrics_port) = (super::unique_loopback(), 8080, 9090);
         // Only the first replica gets the registered webhook port; others run without one.
         let webhook = match (&self.webhook, self.controllers.is_empty()) {
-            (Some((dir, hook_ip, port)), true) => vec![
-                "--webhook-port".to_string(),
-                format!("{hook_ip}:{port}"),
-                "--webhook-cert-dir".into(),
-                dir.display().to_string(),
-            ],
+            (Some((dir, hook_ip, port)), true) => {
+                let mut args = vec![
+                    "--webhook-port".to_string(),
+                    format!("{hook_ip}:{port}"),
+                    "--webhook-cert-dir".into(),
+                    dir.display().to_string(),
+                ];
+                if let Some(ca) = &self.webhook_client_ca {
+                    args.extend(["--webhook-client-ca".into(), ca.display().to_string()]);
+                }
+                args
+            }
             _ => vec!["--webhook-port".to_string(), "0".to_string()],
         };
         let log = std::fs::File::create(self.dir.0.join(format!("{name}.log"))).unwrap();

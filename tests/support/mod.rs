@@ -129,16 +129,34 @@ impl DevApiServer {
 
 /// An HTTPS client that trusts the certificates in `ca_pem` only.
 pub fn https_agent(ca_pem: &[u8]) -> ureq::Agent {
-    let certs: Vec<_> = ureq::tls::parse_pem(ca_pem)
-        .filter_map(|i| match i {
-            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
-            _ => None,
-        })
-        .collect();
-    let tls = ureq::tls::TlsConfig::builder()
-        .root_certs(ureq::tls::RootCerts::new_with_certs(&certs))
-        .build();
-    ureq::Agent::config_builder().tls_config(tls).build().into()
+    https_agent_as(ca_pem, None)
+}
+
+/// An HTTPS client trusting `ca_pem`, presenting `client` (PEM certificate, PEM key) when given.
+pub fn https_agent_as(ca_pem: &[u8], client: Option<(&[u8], &[u8])>) -> ureq::Agent {
+    let certs = |pem: &[u8]| -> Vec<ureq::tls::Certificate<'static>> {
+        ureq::tls::parse_pem(pem)
+            .filter_map(|i| match i {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c.to_owned()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::new_with_certs(&certs(ca_pem)));
+    if let Some((cert, key)) = client {
+        let key = ureq::tls::PrivateKey::from_pem(key)
+            .expect("client key")
+            .to_owned();
+        tls = tls.client_cert(Some(ureq::tls::ClientCert::new_with_certs(
+            &certs(cert),
+            key,
+        )));
+    }
+    ureq::Agent::config_builder()
+        .tls_config(tls.build())
+        .build()
+        .into()
 }
 
 impl Drop for DevApiServer {

@@ -7,6 +7,16 @@
 //! server returns (`admission webhook "NAME" denied the request: MSG`); a call that fails is
 //! ignored or refused according to `failurePolicy`. `clientConfig.service` (no cluster DNS here)
 //! and `matchConditions` (CEL) are not supported: the former counts as a failed call.
+//!
+//! As `kube-apiserver --admission-control-config-file`, the server can present a client
+//! certificate to webhooks: the file is an AdmissionConfiguration whose
+//! ValidatingAdmissionWebhook plugin names a `kubeConfigFile`, and that kubeconfig's `users`
+//! are matched by the webhook URL's host (with its port, as written), then `*.` wildcards of
+//! the host's leading segments, then `*`. Only client certificates are supported
+//! (`client-certificate[-data]` and `client-key[-data]`).
+
+use std::path::Path;
+use std::sync::OnceLock;
 
 use std::time::Duration;
 
@@ -187,6 +197,85 @@ fn request_body(r: &Review, uid: &str) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
 }
 
+/// Client certificates for webhook calls, by kubeconfig user name (`host:port`, `host`,
+/// `*.domain`, `*`), as PEM certificate chain and key.
+type Credentials = Vec<(String, Vec<u8>, Vec<u8>)>;
+
+static CREDENTIALS: OnceLock<Credentials> = OnceLock::new();
+
+/// Reads `--admission-control-config-file`: the ValidatingAdmissionWebhook plugin's
+/// kubeconfig, and from it the users with a client certificate.
+pub fn load_admission_config(path: &Path) -> Result<(), String> {
+    let read = |p: &Path| std::fs::read(p).map_err(|e| format!("read {}: {e}", p.display()));
+    let config: Value =
+        serde_yaml::from_slice(&read(path)?).map_err(|e| format!("{}: {e}", path.display()))?;
+    if config["kind"] != "AdmissionConfiguration" {
+        return Err(format!("{}: not an AdmissionConfiguration", path.display()));
+    }
+    let plugin = config["plugins"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == "ValidatingAdmissionWebhook");
+    let Some(kubeconfig) = plugin.and_then(|p| p["configuration"]["kubeConfigFile"].as_str())
+    else {
+        return Err(format!(
+            "{}: no ValidatingAdmissionWebhook plugin with a kubeConfigFile",
+            path.display()
+        ));
+    };
+    let base = path.parent().unwrap_or(Path::new("."));
+    let kubeconfig = base.join(kubeconfig);
+    let users: Value = serde_yaml::from_slice(&read(&kubeconfig)?)
+        .map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
+    let mut credentials = Vec::new();
+    for user in users["users"].as_array().into_iter().flatten() {
+        let name = user["name"].as_str().unwrap_or_default().to_string();
+        let pem = |field: &str| -> Result<Option<Vec<u8>>, String> {
+            if let Some(data) = user["user"][format!("{field}-data")].as_str() {
+                return base64_decode(data)
+                    .map(Some)
+                    .map_err(|e| format!("{name}: {field}-data: {e}"));
+            }
+            match user["user"][field].as_str() {
+                Some(file) => read(&base.join(file)).map(Some),
+                None => Ok(None),
+            }
+        };
+        match (pem("client-certificate")?, pem("client-key")?) {
+            (Some(cert), Some(key)) => credentials.push((name, cert, key)),
+            _ => {
+                return Err(format!(
+                    "{}: user {name:?} has no client certificate and key (the only credentials supported)",
+                    kubeconfig.display()
+                ))
+            }
+        }
+    }
+    CREDENTIALS
+        .set(credentials)
+        .map_err(|_| "admission configuration loaded twice".to_string())
+}
+
+/// The client certificate for a webhook at `url`, as kube-apiserver picks it.
+fn credentials_for(url: &str) -> Option<&'static (String, Vec<u8>, Vec<u8>)> {
+    let all = CREDENTIALS.get()?;
+    let authority = url.split("://").nth(1)?.split('/').next()?;
+    let host = match authority.rsplit_once(':') {
+        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => authority,
+    };
+    let mut names = vec![authority.to_string()];
+    let labels: Vec<&str> = host.split('.').collect();
+    for i in 1..labels.len() {
+        names.push(format!("*.{}", labels[i..].join(".")));
+    }
+    names.push("*".into());
+    names
+        .iter()
+        .find_map(|n| all.iter().find(|(name, _, _)| name == n))
+}
+
 /// Sends the review and returns the webhook's `response` object.
 fn call(hook: &Value, r: &Review) -> Result<Value, String> {
     let client = &hook["clientConfig"];
@@ -219,6 +308,18 @@ fn call(hook: &Value, r: &Review) -> Result<Value, String> {
         // Like the real API server without a caBundle: the system roots, which hold no
         // cluster CA (this server has none built in).
         tls = tls.root_certs(ureq::tls::RootCerts::new_with_certs(&[]));
+    }
+    if let Some((name, cert, key)) = credentials_for(url) {
+        let chain: Vec<ureq::tls::Certificate<'static>> = ureq::tls::parse_pem(cert)
+            .filter_map(|item| match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => Some(c.to_owned()),
+                _ => None,
+            })
+            .collect();
+        let key = ureq::tls::PrivateKey::from_pem(key)
+            .map_err(|e| format!("client key of user {name:?}: {e}"))?
+            .to_owned();
+        tls = tls.client_cert(Some(ureq::tls::ClientCert::new_with_certs(&chain, key)));
     }
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .tls_config(tls.build())

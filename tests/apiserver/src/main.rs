@@ -5,7 +5,7 @@
 //! haptic-dev-apiserver --listen 127.0.0.1:0 --kubeconfig-out /tmp/dev/kubeconfig [--load DIR]
 //!     [--plain-http] [--token TOKEN]... [--token-file PATH] [--cert-dir DIR]
 //!     [--bookmark-interval 60s] [--watch-timeout 30m] [--history 10000]
-//!     [--namespace-deletion-delay 1s] [--log-level info]
+//!     [--namespace-deletion-delay 1s] [--log-level info] [--admission-control-config-file PATH]
 //! ```
 //!
 //! Once serving it prints `ready <url>` on stdout. See `docs/dev-apiserver.md` for behaviour,
@@ -50,7 +50,7 @@ use crate::storage::{Expect, Store};
 const USAGE: &str = "usage: haptic-dev-apiserver --listen HOST:PORT [--kubeconfig-out PATH] \
 [--load DIR]... [--plain-http] [--token TOKEN]... [--token-file PATH] [--cert-dir DIR] \
 [--bookmark-interval DURATION] [--watch-timeout DURATION] [--history EVENTS] \
-[--namespace-deletion-delay DURATION] [--log-level LEVEL]";
+[--namespace-deletion-delay DURATION] [--log-level LEVEL] [--admission-control-config-file PATH]";
 
 /// Command-line options.
 struct Args {
@@ -66,6 +66,7 @@ struct Args {
     history: usize,
     namespace_deletion_delay: Duration,
     log_level: log::LevelFilter,
+    admission_config: Option<PathBuf>,
 }
 
 /// `500ms`, `2s`, `5m`, or plain seconds.
@@ -100,6 +101,7 @@ fn parse_args() -> Result<Args, String> {
         history: 10_000,
         namespace_deletion_delay: Duration::from_secs(1),
         log_level: log::LevelFilter::Info,
+        admission_config: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -121,6 +123,9 @@ fn parse_args() -> Result<Args, String> {
             "--token" => args.tokens.push(value("--token")?),
             "--token-file" => args.token_file = Some(value("--token-file")?.into()),
             "--cert-dir" => args.cert_dir = Some(value("--cert-dir")?.into()),
+            "--admission-control-config-file" => {
+                args.admission_config = Some(value("--admission-control-config-file")?.into())
+            }
             "--bookmark-interval" => {
                 args.bookmark_interval = parse_duration(&value("--bookmark-interval")?)?
             }
@@ -150,6 +155,9 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn run(args: Args) -> Result<(), String> {
+    if let Some(path) = &args.admission_config {
+        admission::load_admission_config(path)?;
+    }
     let listener =
         TcpListener::bind(&args.listen).map_err(|e| format!("listen on {}: {e}", args.listen))?;
     let local = listener
