@@ -624,15 +624,17 @@ fn webhook_with_a_client_ca_answers_only_the_api_server() {
         .status()
         .unwrap();
     assert!(status.success());
+    // The kubeconfig in a directory of its own: the files it names are relative to it.
+    std::fs::create_dir_all(api.0.join("kubeconfig")).unwrap();
     std::fs::write(
-        api.0.join("webhook-kubeconfig.yaml"),
-        "apiVersion: v1\nkind: Config\nusers:\n- name: '*'\n  user:\n    client-certificate: controller.crt\n    client-key: controller.key\n",
+        api.0.join("kubeconfig/webhook-kubeconfig.yaml"),
+        "apiVersion: v1\nkind: Config\nusers:\n- name: '*'\n  user:\n    client-certificate: ../controller.crt\n    client-key: ../controller.key\n",
     )
     .unwrap();
     let admission = api.0.join("admission.yaml");
     std::fs::write(
         &admission,
-        "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n- name: ValidatingAdmissionWebhook\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: webhook-kubeconfig.yaml\n",
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n- name: ValidatingAdmissionWebhook\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: kubeconfig/webhook-kubeconfig.yaml\n",
     )
     .unwrap();
     let mut c = Cluster::start(&[

@@ -228,6 +228,8 @@ pub fn load_admission_config(path: &Path) -> Result<(), String> {
     let kubeconfig = base.join(kubeconfig);
     let users: Value = serde_yaml::from_slice(&read(&kubeconfig)?)
         .map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
+    // Files a kubeconfig names are relative to the kubeconfig, as kube-apiserver reads them.
+    let base = kubeconfig.parent().unwrap_or(Path::new("."));
     let mut credentials = Vec::new();
     for user in users["users"].as_array().into_iter().flatten() {
         let name = user["name"].as_str().unwrap_or_default().to_string();
