@@ -886,14 +886,3 @@ fn unit_outputs_as_arguments_and_self_holding_collectors_do_not_panic() {
         assert!(err.message.contains("cannot hold itself"), "{what}: {err}");
     }
 }
-
-#[test]
-fn tmp_namespace_cycles() {
-    let t = std::env::var("TMP_T").unwrap_or_default();
-    let engine = Engine::new(&spec_with(&format!("{t}\n"), &[("u", "u{{ x }}")], &[])).unwrap();
-    let out = engine.render(&inputs(&[]));
-    eprintln!(
-        "RESULT {:?}",
-        out.map(|o| o.haproxy_cfg.len()).map_err(|e| e.message)
-    );
-}
