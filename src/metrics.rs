@@ -343,6 +343,11 @@ pub(crate) const BUILD_INFO: Gauge<2> = Gauge {
     help: "Build information.",
     labels: ["version", "commit"],
 };
+pub(crate) const CHECK_SANDBOX: Gauge<0> = Gauge {
+    name: "haptic_check_sandbox",
+    help: "The Landlock ABI version haproxy -c is sandboxed with; 0: the kernel has none and checks run unsandboxed.",
+    labels: [],
+};
 pub(crate) const LEADER_ELECTION_IS_LEADER: Gauge<0> = Gauge {
     name: "haptic_leader_election_is_leader",
     help: "1 while this replica leads.",

@@ -634,7 +634,7 @@ fn webhook_with_a_client_ca_answers_only_the_api_server() {
     let admission = api.0.join("admission.yaml");
     std::fs::write(
         &admission,
-        "apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n- name: ValidatingAdmissionWebhook\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: kubeconfig/webhook-kubeconfig.yaml\n",
+        format!("apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n- name: ValidatingAdmissionWebhook\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: {}\n", api.0.join("kubeconfig/webhook-kubeconfig.yaml").display()),
     )
     .unwrap();
     let mut c = Cluster::start(&[
@@ -810,6 +810,11 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
     let (c, _web) = routed_cluster(false);
     let text = metrics(&c, 0);
     assert_promtool_accepts("the controller's /metrics", &text, true);
+    // haproxy -c runs sandboxed wherever the kernel has Landlock (this one has).
+    assert_eq!(
+        metric_value(&text, "haptic_check_sandbox"),
+        haptic::validate::sandbox::abi().unwrap_or(0) as f64
+    );
     for name in [
         "haptic_reconciliation_total",
         "haptic_render_duration_seconds_bucket",

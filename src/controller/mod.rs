@@ -398,6 +398,11 @@ fn controller_metrics() -> Registry {
     metrics.describe(&CONFIG_ERRORS_TOTAL);
     metrics.set(&crate::metrics::LEADER_ELECTION_IS_LEADER, [], 0.0);
     metrics.set(&crate::metrics::ADMITTED_PODS, [], 0.0);
+    metrics.set(
+        &crate::metrics::CHECK_SANDBOX,
+        [],
+        crate::validate::sandbox::abi().unwrap_or(0) as f64,
+    );
     metrics
 }
 

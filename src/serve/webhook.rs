@@ -101,6 +101,8 @@ const MAX_PER_PEER: usize = 16;
 /// A peer must finish the TLS handshake within this (the API server does in milliseconds).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 const IO_TIMEOUT: Duration = Duration::from_secs(15);
+/// The longest an API server waits for a webhook (`timeoutSeconds` is at most 30).
+const MAX_WAIT_FOR_TURN: Duration = Duration::from_secs(30);
 
 pub(crate) fn start(
     addr: &str,
@@ -222,7 +224,7 @@ impl Webhook {
         let request = review.get("request").cloned().unwrap_or(Value::Null);
         let uid = request.get("uid").cloned().unwrap_or(Value::Null);
         let started = Instant::now();
-        let verdict = self.decide(&request, peer);
+        let verdict = self.decide(&request, peer, started);
         // Only a configuration that would really be invalid is denied; when the controller
         // cannot decide (no config yet, haproxy missing) it admits with a warning rather than
         // blocking every write to the watched kinds.
@@ -260,7 +262,7 @@ impl Webhook {
         )
     }
 
-    fn decide(&self, request: &Value, peer: IpAddr) -> Result<(), Denial> {
+    fn decide(&self, request: &Value, peer: IpAddr, arrived: Instant) -> Result<(), Denial> {
         let group = request
             .pointer("/resource/group")
             .and_then(Value::as_str)
@@ -319,6 +321,14 @@ impl Webhook {
         // Waits for this peer's turn: a peer flooding the port delays another's review by at
         // most one render of its own, not by all it has queued.
         let _turn = self.turns.take(peer);
+        // The API server waits 30 s at most (timeoutSeconds): a review that waited longer has
+        // no one to answer, and rendering it would only delay the others.
+        if arrived.elapsed() > MAX_WAIT_FOR_TURN {
+            return Err(Denial::Error(format!(
+                "waited {} s for its turn; its caller has given up",
+                arrived.elapsed().as_secs()
+            )));
+        }
         let without = lock(&self.watchers).snapshot();
         let mut stores = without.clone();
         let mut store = stores

@@ -116,9 +116,17 @@ pub fn check_bundle(haproxy_bin: &str, bundle: &Bundle) -> Result<String, CheckE
 /// Runs `haproxy -c -f cfg`, with messages shortened to paths relative to the config dir, in
 /// a sandbox that lets it read that directory and what HAProxy needs to start.
 pub fn check_file(haproxy_bin: &str, cfg: &Path) -> Result<String, CheckError> {
+    check_file_in(haproxy_bin, cfg, true)
+}
+
+fn check_file_in(haproxy_bin: &str, cfg: &Path, sandboxed: bool) -> Result<String, CheckError> {
     let dir = cfg.parent().unwrap_or(Path::new("."));
-    let ruleset = super::sandbox::ruleset_for_check(dir, haproxy_bin)
-        .map_err(|e| CheckError::CouldNotRun(format!("sandbox: {e}")))?;
+    let ruleset = if sandboxed {
+        super::sandbox::ruleset_for_check(dir, haproxy_bin)
+            .map_err(|e| CheckError::CouldNotRun(format!("sandbox: {e}")))?
+    } else {
+        None
+    };
     let mut command = Command::new(haproxy_bin);
     command
         .arg("-c")
@@ -232,13 +240,13 @@ mod tests {
     use super::*;
     use haptic_agent::protocol::{BundleFile, FileKind};
 
-    /// Whether this kernel can sandbox the check; the tests below say so when it cannot.
-    fn sandboxed() -> bool {
-        let yes = crate::validate::sandbox::abi().is_some();
-        if !yes {
+    /// The kernel's Landlock ABI; the tests below say so when there is none.
+    fn landlock() -> Option<i64> {
+        let abi = crate::validate::sandbox::abi();
+        if abi.is_none() {
             eprintln!("SKIPPED: this kernel has no Landlock, haproxy -c runs without its sandbox");
         }
-        yes
+        abi
     }
 
     const HEAD: &str = "global\n  log stdout format raw local0\ndefaults\n  mode http\n  timeout client 1s\n  timeout server 1s\n  timeout connect 1s\n";
@@ -257,9 +265,16 @@ mod tests {
         )
     }
 
+    /// `check_bundle`, with or without the sandbox.
+    fn check(bundle: &Bundle, sandboxed: bool) -> Result<String, CheckError> {
+        let dir = TempDir::new("haptic-check").expect("dir");
+        write_bundle(bundle, dir.path()).expect("write");
+        check_file_in("haproxy", &dir.path().join("haproxy.cfg"), sandboxed)
+    }
+
     #[test]
     fn a_check_reads_its_own_files_and_no_file_of_the_controller() {
-        if !sandboxed() {
+        if landlock().is_none() {
             return;
         }
         // A file the controller can read, outside the check's directory: as the service
@@ -286,13 +301,13 @@ mod tests {
             matches!(&own, Err(CheckError::Rejected { message }) if message.contains("not-a-net")),
             "{own:?}"
         );
-        // A file outside it is not: the check fails without quoting it.
-        let outside = check_bundle(
-            "haproxy",
-            &bundle(acl(&secret.display().to_string()), vec![]),
-        );
-        let Err(CheckError::Rejected { message }) = &outside else {
-            panic!("the check read a file outside its directory: {outside:?}");
+        // A file outside it: without the sandbox HAProxy quotes its first line; in it, the
+        // check fails without quoting it.
+        let outside = bundle(acl(&secret.display().to_string()), vec![]);
+        let open = check(&outside, false);
+        assert!(format!("{open:?}").contains("secret-token"), "{open:?}");
+        let Err(CheckError::Rejected { message }) = check(&outside, true) else {
+            panic!("the check read a file outside its directory");
         };
         assert!(!message.contains("secret-token"), "{message}");
         assert!(
@@ -301,11 +316,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn lua_in_a_check_can_neither_read_write_signal_nor_connect_outside_it() {
-        if !sandboxed() {
-            return;
-        }
+    /// What a `lua-load`ed file managed outside the check: read a file, write one, kill a
+    /// process of the same user, connect to a TCP service on loopback.
+    fn lua_escapes(sandboxed: bool) -> Vec<&'static str> {
         let private = TempDir::new("haptic-test-private").expect("dir");
         let secret = private.path().join("token");
         std::fs::write(&secret, "secret-token-abc.def\n").expect("write");
@@ -329,25 +342,62 @@ mod tests {
             pid = victim.id(),
         );
         let cfg = HEAD.replacen("global\n", "global\n  lua-load probe.lua\n", 1);
-        let result = check_bundle("haproxy", &bundle(cfg, vec![("probe.lua", &lua)]));
-        let alive = victim.try_wait().expect("wait").is_none();
+        let result = check(&bundle(cfg, vec![("probe.lua", &lua)]), sandboxed);
+        // A signal is delivered after kill() returns: give it time to land.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut killed = false;
+        while Instant::now() < deadline {
+            if victim.try_wait().expect("wait").is_some() {
+                killed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = victim.kill();
         let _ = victim.wait();
         let text = format!("{result:?}");
         assert!(text.contains("lua ran"), "the Lua file did not run: {text}");
         let mut escaped = Vec::new();
         if text.contains("secret-token") {
-            escaped.push("read a file outside the check");
+            escaped.push("read a file");
         }
         if marker.exists() {
-            escaped.push("wrote a file outside the check");
+            escaped.push("wrote a file");
         }
-        if !alive {
-            escaped.push("killed a process outside the check");
+        if killed {
+            escaped.push("killed a process");
         }
         if listener.accept().is_ok() {
             escaped.push("connected to a TCP service");
         }
-        assert!(escaped.is_empty(), "Lua {escaped:?}: {text}");
+        escaped
+    }
+
+    #[test]
+    fn lua_in_a_check_can_neither_read_write_signal_nor_connect_outside_it() {
+        let Some(abi) = landlock() else {
+            return;
+        };
+        // Without the sandbox every probe works (so the probes prove something).
+        assert_eq!(
+            lua_escapes(false),
+            [
+                "read a file",
+                "wrote a file",
+                "killed a process",
+                "connected to a TCP service"
+            ]
+        );
+        // In it, none that this kernel's Landlock covers: files always, TCP from ABI 4
+        // (Linux 6.7), signals from ABI 6 (Linux 6.12).
+        let escaped: Vec<&str> = lua_escapes(true)
+            .into_iter()
+            .filter(|e| match *e {
+                "connected to a TCP service" => abi >= 4,
+                "killed a process" => abi >= 6,
+                _ => true,
+            })
+            .collect();
+        assert!(escaped.is_empty(), "Lua in the sandbox {escaped:?}");
     }
 }

@@ -10,18 +10,22 @@
 //! connection (Landlock ABI 4) and send no signal to a process outside the sandbox, the
 //! controller included (ABI 6).
 //!
-//! Landlock needs no privilege and is enabled by most distributions' kernels since 5.13. Where
-//! it is missing, checks run as before and the controller says so once, at warning level.
+//! Landlock needs no privilege and is enabled by most distributions' kernels since 5.13 (built
+//! with `CONFIG_SECURITY_LANDLOCK` and listed in `lsm=`). Where it is missing, checks run
+//! unsandboxed and the controller says so once, at warning level, and in the metric
+//! `haptic_check_sandbox` (0); with `--check-sandbox required` they do not run at all.
 
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 const CREATE_RULESET_VERSION: u32 = 1 << 0;
 const RULE_PATH_BENEATH: libc::c_int = 1;
+const RULE_NET_PORT: libc::c_int = 2;
 
 const FS_EXECUTE: u64 = 1 << 0;
 const FS_WRITE_FILE: u64 = 1 << 1;
@@ -47,6 +51,20 @@ struct RulesetAttr {
 struct PathBeneathAttr {
     allowed_access: u64,
     parent_fd: i32,
+}
+
+#[repr(C)]
+struct NetPortAttr {
+    allowed_access: u64,
+    port: u64,
+}
+
+/// Whether a check may run without the sandbox when the kernel has none.
+static REQUIRED: AtomicBool = AtomicBool::new(false);
+
+/// `--check-sandbox required`: checks refuse to run where Landlock is not available.
+pub fn require(required: bool) {
+    REQUIRED.store(required, Ordering::Relaxed);
 }
 
 /// Every file-system right the kernel's Landlock ABI knows: all of them are denied unless a
@@ -118,6 +136,15 @@ fn readable(dir: &Path, binary: Option<PathBuf>) -> Vec<(PathBuf, u64)> {
     for dev in ["/dev/null", "/dev/urandom", "/dev/random"] {
         paths.push((PathBuf::from(dev), FS_READ_FILE | FS_WRITE_FILE));
     }
+    // How many CPUs there are (HAProxy sizes its threads by them, as in the HAProxy pod).
+    for cpus in [
+        "/sys/devices/system/cpu",
+        "/sys/devices/system/node",
+        "/proc/stat",
+        "/proc/cpuinfo",
+    ] {
+        paths.push((PathBuf::from(cpus), read_dir));
+    }
     if let Some(binary) = binary {
         paths.push((binary, FS_READ_FILE | FS_EXECUTE));
     }
@@ -138,6 +165,11 @@ fn resolve(name: &str) -> Option<PathBuf> {
 /// to enter (`enter`). `None` where Landlock is not available.
 pub fn ruleset_for_check(dir: &Path, haproxy_bin: &str) -> io::Result<Option<OwnedFd>> {
     let Some(abi) = abi() else {
+        if REQUIRED.load(Ordering::Relaxed) {
+            return Err(io::Error::other(
+                "Landlock is not available in this kernel, and --check-sandbox is required",
+            ));
+        }
         return Ok(None);
     };
     let attr = RulesetAttr {
@@ -212,6 +244,30 @@ pub fn ruleset_for_check(dir: &Path, haproxy_bin: &str) -> io::Result<Option<Own
             return Err(io::Error::other(format!(
                 "landlock rule for {}: {}",
                 path.display(),
+                io::Error::last_os_error()
+            )));
+        }
+    }
+    if abi >= 4 {
+        // DNS over TCP, which the resolver falls back to for long answers (a headless Service
+        // with many addresses named in a `server` line): port 53 only.
+        let rule = NetPortAttr {
+            allowed_access: NET_CONNECT_TCP,
+            port: 53,
+        };
+        // SAFETY: a valid rule for a net-port rule type, on our ruleset.
+        let added = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_add_rule,
+                ruleset.as_raw_fd(),
+                RULE_NET_PORT,
+                &rule as *const NetPortAttr,
+                0u32,
+            )
+        };
+        if added < 0 {
+            return Err(io::Error::other(format!(
+                "landlock rule for DNS over TCP: {}",
                 io::Error::last_os_error()
             )));
         }

@@ -534,6 +534,14 @@ class Manifests(unittest.TestCase):
                 for url in re.findall(r"https?://[^\s\"']+", text):
                     self.fail(f"{variant} {path}: external URL {url}")
 
+    def test_check_sandbox(self):
+        """controller.checkSandbox reaches the controller as CHECK_SANDBOX (auto by default)."""
+        for extra, expected in ((None, "auto"), ({"controller": {"checkSandbox": "required"}}, "required")):
+            _, _, docs = render("defaults", extra)
+            deploy = one(docs, "Deployment", f"{FULLNAME}-controller")
+            env = {e["name"]: e.get("value") for c in containers(deploy, init=False) for e in c.get("env", [])}
+            self.assertEqual(env["CHECK_SANDBOX"], expected)
+
     def test_webhook_client_ca(self):
         """With webhook.clientCA the controller requires the API server's client certificate."""
         pem = "-----BEGIN CERTIFICATE-----\nMIIBdummy\n-----END CERTIFICATE-----"

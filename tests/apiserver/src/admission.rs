@@ -10,10 +10,11 @@
 //!
 //! As `kube-apiserver --admission-control-config-file`, the server can present a client
 //! certificate to webhooks: the file is an AdmissionConfiguration whose
-//! ValidatingAdmissionWebhook plugin names a `kubeConfigFile`, and that kubeconfig's `users`
-//! are matched by the webhook URL's host (with its port, as written), then `*.` wildcards of
-//! the host's leading segments, then `*`. Only client certificates are supported
-//! (`client-certificate[-data]` and `client-key[-data]`).
+//! ValidatingAdmissionWebhook plugin names a `kubeConfigFile` (an absolute path), and that
+//! kubeconfig's `users` are matched as kube-apiserver matches them: by `host:port` (port 443
+//! when the URL has none), then `*.` wildcards of its leading labels; for port 443 the same
+//! again without the port; then `*`; then the user of the kubeconfig's current context. Only
+//! client certificates are supported (`client-certificate[-data]` and `client-key[-data]`).
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -197,9 +198,12 @@ fn request_body(r: &Review, uid: &str) -> Value {
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req})
 }
 
-/// Client certificates for webhook calls, by kubeconfig user name (`host:port`, `host`,
-/// `*.domain`, `*`), as PEM certificate chain and key.
-type Credentials = Vec<(String, Vec<u8>, Vec<u8>)>;
+/// Client certificates for webhook calls, by kubeconfig user name, as PEM certificate chain
+/// and key; and the user of the kubeconfig's current context.
+struct Credentials {
+    users: Vec<(String, Vec<u8>, Vec<u8>)>,
+    current: Option<String>,
+}
 
 static CREDENTIALS: OnceLock<Credentials> = OnceLock::new();
 
@@ -224,14 +228,20 @@ pub fn load_admission_config(path: &Path) -> Result<(), String> {
             path.display()
         ));
     };
-    let base = path.parent().unwrap_or(Path::new("."));
-    let kubeconfig = base.join(kubeconfig);
-    let users: Value = serde_yaml::from_slice(&read(&kubeconfig)?)
+    let kubeconfig = Path::new(kubeconfig);
+    if !kubeconfig.is_absolute() {
+        return Err(format!(
+            "{}: kubeConfigFile {:?}: must be an absolute file path",
+            path.display(),
+            kubeconfig
+        ));
+    }
+    let doc: Value = serde_yaml::from_slice(&read(kubeconfig)?)
         .map_err(|e| format!("{}: {e}", kubeconfig.display()))?;
     // Files a kubeconfig names are relative to the kubeconfig, as kube-apiserver reads them.
-    let base = kubeconfig.parent().unwrap_or(Path::new("."));
-    let mut credentials = Vec::new();
-    for user in users["users"].as_array().into_iter().flatten() {
+    let base = kubeconfig.parent().unwrap_or(Path::new("/"));
+    let mut users = Vec::new();
+    for user in doc["users"].as_array().into_iter().flatten() {
         let name = user["name"].as_str().unwrap_or_default().to_string();
         let pem = |field: &str| -> Result<Option<Vec<u8>>, String> {
             if let Some(data) = user["user"][format!("{field}-data")].as_str() {
@@ -245,7 +255,7 @@ pub fn load_admission_config(path: &Path) -> Result<(), String> {
             }
         };
         match (pem("client-certificate")?, pem("client-key")?) {
-            (Some(cert), Some(key)) => credentials.push((name, cert, key)),
+            (Some(cert), Some(key)) => users.push((name, cert, key)),
             _ => {
                 return Err(format!(
                     "{}: user {name:?} has no client certificate and key (the only credentials supported)",
@@ -254,28 +264,53 @@ pub fn load_admission_config(path: &Path) -> Result<(), String> {
             }
         }
     }
+    let current = doc["current-context"].as_str().and_then(|context| {
+        doc["contexts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == context)
+            .and_then(|c| c["context"]["user"].as_str())
+            .map(str::to_string)
+    });
     CREDENTIALS
-        .set(credentials)
+        .set(Credentials { users, current })
         .map_err(|_| "admission configuration loaded twice".to_string())
+}
+
+/// The kubeconfig user names kube-apiserver tries for a webhook at `url`, in order.
+fn user_names(url: &str) -> Vec<String> {
+    let authority = url
+        .split("://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_default();
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => (h, p),
+        _ => (authority, "443"),
+    };
+    let exact_and_wildcards = |target: &str| {
+        let labels: Vec<&str> = target.split('.').collect();
+        let mut names = vec![target.to_string()];
+        names.extend((1..labels.len()).map(|i| format!("*.{}", labels[i..].join("."))));
+        names
+    };
+    let mut names = exact_and_wildcards(&format!("{host}:{port}"));
+    if port == "443" {
+        names.extend(exact_and_wildcards(host));
+    }
+    names.push("*".into());
+    names
 }
 
 /// The client certificate for a webhook at `url`, as kube-apiserver picks it.
 fn credentials_for(url: &str) -> Option<&'static (String, Vec<u8>, Vec<u8>)> {
     let all = CREDENTIALS.get()?;
-    let authority = url.split("://").nth(1)?.split('/').next()?;
-    let host = match authority.rsplit_once(':') {
-        Some((h, port)) if port.bytes().all(|b| b.is_ascii_digit()) => h,
-        _ => authority,
-    };
-    let mut names = vec![authority.to_string()];
-    let labels: Vec<&str> = host.split('.').collect();
-    for i in 1..labels.len() {
-        names.push(format!("*.{}", labels[i..].join(".")));
-    }
-    names.push("*".into());
-    names
+    let by_name = |n: &str| all.users.iter().find(|(name, _, _)| name == n);
+    user_names(url)
         .iter()
-        .find_map(|n| all.iter().find(|(name, _, _)| name == n))
+        .find_map(|n| by_name(n))
+        .or_else(|| all.current.as_deref().and_then(by_name))
 }
 
 /// Sends the review and returns the webhook's `response` object.
@@ -426,5 +461,35 @@ mod tests {
             "admission webhook \"deny.example.com\" denied the request: nope"
         );
         assert_eq!(err.code, 403);
+    }
+
+    #[test]
+    fn webhook_users_are_tried_as_kube_apiserver_tries_them() {
+        assert_eq!(
+            user_names("https://hook.ns.svc:8443/validate"),
+            ["hook.ns.svc:8443", "*.ns.svc:8443", "*.svc:8443", "*"]
+        );
+        assert_eq!(
+            user_names("https://hook.ns.svc/validate"),
+            [
+                "hook.ns.svc:443",
+                "*.ns.svc:443",
+                "*.svc:443",
+                "hook.ns.svc",
+                "*.ns.svc",
+                "*.svc",
+                "*"
+            ]
+        );
+        assert_eq!(
+            user_names("https://127.0.0.9:9443/validate"),
+            [
+                "127.0.0.9:9443",
+                "*.0.0.9:9443",
+                "*.0.9:9443",
+                "*.9:9443",
+                "*"
+            ]
+        );
     }
 }
