@@ -527,6 +527,33 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
     );
     assert!(metric_value(&text, "haptic_webhook_requests_total{result=\"allowed\"}") >= 1.0);
 
+    // The wait a caller gives (`?timeout=`, as kube-apiserver sends it): a review still waiting
+    // for its turn past it is not rendered, and answered with a warning; within it, the same
+    // review is denied.
+    let (tls, ip, port) = c.webhook.clone().expect("webhook enabled");
+    let agent = support::https_agent(&std::fs::read(tls.parent().unwrap().join("ca.crt")).unwrap());
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "late", "operation": "CREATE", "namespace": NS, "name": "bad",
+        "kind": {"group": "networking.k8s.io", "version": "v1", "kind": "Ingress"},
+        "resource": {"group": "networking.k8s.io", "version": "v1", "resource": "ingresses"},
+        "object": serde_yaml::from_str::<serde_json::Value>(&ingress("bad", "bad.example.com", "web", "haproxy.org/timeout-server: banana")).unwrap()}});
+    let answer = |timeout: &str| -> serde_json::Value {
+        let mut response = agent
+            .post(format!("https://{ip}:{port}/validate?timeout={timeout}"))
+            .header("Content-Type", "application/json")
+            .send(review.to_string().as_bytes())
+            .expect("the webhook answers");
+        serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap()
+    };
+    let late = answer("0s");
+    assert_eq!(late["response"]["allowed"], json!(true), "{late}");
+    assert!(
+        late.to_string().contains("past its caller's timeout"),
+        "{late}"
+    );
+    let in_time = answer("10s");
+    assert_eq!(in_time["response"]["allowed"], json!(false), "{in_time}");
+
     // An object that turns bad outside the webhook's reach (the Secret holding its users gets
     // a value that is no password hash) is left out, and does not make the webhook deny
     // unrelated changes: it denies only what a change itself introduces.

@@ -69,7 +69,11 @@ pub(super) fn run(args: &[String]) -> CommandResult {
     crate::logger::set_level(level);
     match flag_or_env(&parsed, "check-sandbox", "CHECK_SANDBOX").as_deref() {
         None | Some("") | Some("auto") => crate::validate::sandbox::require(false),
-        Some("required") => crate::validate::sandbox::require(true),
+        Some("required") => {
+            crate::validate::sandbox::require(true);
+            // Says at start, not at the first check, when no check will run.
+            let _ = crate::validate::sandbox::abi();
+        }
         Some(other) => {
             return Err(format!("--check-sandbox: auto or required, not {other:?}").into())
         }

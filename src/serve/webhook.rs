@@ -101,7 +101,8 @@ const MAX_PER_PEER: usize = 16;
 /// A peer must finish the TLS handshake within this (the API server does in milliseconds).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 const IO_TIMEOUT: Duration = Duration::from_secs(15);
-/// The longest an API server waits for a webhook (`timeoutSeconds` is at most 30).
+/// The longest an API server waits for a webhook (`timeoutSeconds` is at most 30); it sends
+/// its own wait as `?timeout=10s`.
 const MAX_WAIT_FOR_TURN: Duration = Duration::from_secs(30);
 
 pub(crate) fn start(
@@ -200,7 +201,14 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
             .and_then(|n| http::read_body(&mut reader, n, Instant::now() + Duration::from_secs(10)))
         {
             Ok(body) if head.method == "POST" && head.path == "/validate" => {
-                webhook.review(&body, peer)
+                // kube-apiserver says how long it waits (`?timeout=10s`, timeoutSeconds).
+                let patience = head
+                    .query_param("timeout")
+                    .and_then(|t| t.strip_suffix('s'))
+                    .and_then(|t| t.parse::<u64>().ok())
+                    .map(Duration::from_secs)
+                    .map_or(MAX_WAIT_FOR_TURN, |t| t.min(MAX_WAIT_FOR_TURN));
+                webhook.review(&body, peer, patience)
             }
             Ok(_) => Response::error(404, "not_found", "POST /validate"),
             Err(e) => Response::error(400, "bad_request", format!("{e:?}")),
@@ -214,7 +222,7 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
 }
 
 impl Webhook {
-    fn review(&self, body: &[u8], peer: IpAddr) -> Response {
+    fn review(&self, body: &[u8], peer: IpAddr, patience: Duration) -> Response {
         let review: Value = match serde_json::from_slice(body) {
             Ok(v) => v,
             Err(e) => {
@@ -224,7 +232,7 @@ impl Webhook {
         let request = review.get("request").cloned().unwrap_or(Value::Null);
         let uid = request.get("uid").cloned().unwrap_or(Value::Null);
         let started = Instant::now();
-        let verdict = self.decide(&request, peer, started);
+        let verdict = self.decide(&request, peer, started + patience);
         // Only a configuration that would really be invalid is denied; when the controller
         // cannot decide (no config yet, haproxy missing) it admits with a warning rather than
         // blocking every write to the watched kinds.
@@ -262,7 +270,7 @@ impl Webhook {
         )
     }
 
-    fn decide(&self, request: &Value, peer: IpAddr, arrived: Instant) -> Result<(), Denial> {
+    fn decide(&self, request: &Value, peer: IpAddr, given_up: Instant) -> Result<(), Denial> {
         let group = request
             .pointer("/resource/group")
             .and_then(Value::as_str)
@@ -321,13 +329,12 @@ impl Webhook {
         // Waits for this peer's turn: a peer flooding the port delays another's review by at
         // most one render of its own, not by all it has queued.
         let _turn = self.turns.take(peer);
-        // The API server waits 30 s at most (timeoutSeconds): a review that waited longer has
-        // no one to answer, and rendering it would only delay the others.
-        if arrived.elapsed() > MAX_WAIT_FOR_TURN {
-            return Err(Denial::Error(format!(
-                "waited {} s for its turn; its caller has given up",
-                arrived.elapsed().as_secs()
-            )));
+        // A review whose caller has given up (its `?timeout=`, 30 s at most) has no one to
+        // answer, and rendering it would only delay the others.
+        if Instant::now() >= given_up {
+            return Err(Denial::Error(
+                "waited for its turn past its caller's timeout".into(),
+            ));
         }
         let without = lock(&self.watchers).snapshot();
         let mut stores = without.clone();

@@ -7,8 +7,8 @@
 //! can read only its own directory and what HAProxy itself needs to start (its binary, shared
 //! libraries, name resolution, CA bundles), never the controller's credentials, the service
 //! account token or another check's directory. It can write and create nothing, open no TCP
-//! connection (Landlock ABI 4) and send no signal to a process outside the sandbox, the
-//! controller included (ABI 6).
+//! connection but to port 53 (DNS; Landlock ABI 4) and send no signal to a process outside the
+//! sandbox, the controller included (ABI 6).
 //!
 //! Landlock needs no privilege and is enabled by most distributions' kernels since 5.13 (built
 //! with `CONFIG_SECURITY_LANDLOCK` and listed in `lsm=`). Where it is missing, checks run
@@ -92,10 +92,16 @@ pub fn abi() -> Option<i64> {
             )
         };
         if v < 1 {
-            log::warn!(
-                "Landlock is not available in this kernel ({}): haproxy -c runs without its sandbox and can read every file the controller can",
-                io::Error::last_os_error()
-            );
+            let why = io::Error::last_os_error();
+            if REQUIRED.load(Ordering::Relaxed) {
+                log::error!(
+                    "Landlock is not available in this kernel ({why}), and --check-sandbox is required: no configuration is checked, so none is deployed"
+                );
+            } else {
+                log::warn!(
+                    "Landlock is not available in this kernel ({why}): haproxy -c runs without its sandbox and can read every file the controller can"
+                );
+            }
             None
         } else {
             Some(v as i64)
@@ -217,10 +223,9 @@ pub fn ruleset_for_check(dir: &Path, haproxy_bin: &str) -> io::Result<Option<Own
             continue; // not on this system (a scratch image has no /usr/lib)
         }
         // SAFETY: `open` returned a new descriptor.
-        let parent = unsafe { OwnedFd::from_raw_fd(raw) };
-        let is_dir = std::fs::metadata(&path)
-            .map(|m| m.is_dir())
-            .unwrap_or(false);
+        let parent = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(raw) });
+        // What was opened (fstat), not what the path names by now.
+        let is_dir = parent.metadata().map(|m| m.is_dir()).unwrap_or(false);
         let allowed = if is_dir {
             access
         } else {

@@ -367,8 +367,9 @@ fn call(hook: &Value, r: &Review) -> Result<Value, String> {
     let uid = new_uid();
     let body = request_body(r, &uid).to_string();
     let failed = |e: String| format!("failed to call webhook: Post \"{url}\": {e}");
+    // As kube-apiserver, the wait it will give the webhook (clientConfig.url has no query).
     let mut resp = agent
-        .post(url)
+        .post(format!("{url}?timeout={}s", timeout.as_secs()))
         .header("Content-Type", "application/json")
         .send(body)
         .map_err(|e| failed(e.to_string()))?;
