@@ -22,6 +22,52 @@ fn ingress(name: &str, host: &str, service: &str, annotations: &str) -> String {
     )
 }
 
+/// `kubectl apply` of `yaml`: whether it succeeded, and what kubectl said.
+fn apply(c: &Cluster, yaml: &str) -> (bool, String) {
+    c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(yaml))
+}
+
+/// An Ingress the webhook denies: its timeout is no time.
+fn bad_ingress() -> String {
+    ingress(
+        "bad",
+        "bad.example.com",
+        "web",
+        "haproxy.org/timeout-server: banana",
+    )
+}
+
+/// An AdmissionReview creating `ingress` (YAML), as anyone who reaches the webhook could post it.
+fn ingress_review(uid: &str, ingress: &str) -> serde_json::Value {
+    let object: serde_json::Value = serde_yaml::from_str(ingress).unwrap();
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "operation": "CREATE", "namespace": NS, "name": object["metadata"]["name"],
+        "kind": {"group": "networking.k8s.io", "version": "v1", "kind": "Ingress"},
+        "resource": {"group": "networking.k8s.io", "version": "v1", "resource": "ingresses"},
+        "object": object}})
+}
+
+/// Posts `review` straight to the cluster's webhook (`query` appended to /validate) with
+/// `agent`: the answer's JSON, or why there was none.
+fn post_review(
+    c: &Cluster,
+    agent: &ureq::Agent,
+    query: &str,
+    review: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let (_, ip, port) = c.webhook.clone().expect("webhook enabled");
+    let mut response = agent
+        .post(format!("https://{ip}:{port}/validate{query}"))
+        .header("Content-Type", "application/json")
+        .send(review.to_string().as_bytes())
+        .map_err(|e| e.to_string())?;
+    let text = response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))
+}
+
 fn require(tool: &str) {
     let ok = Command::new(tool)
         .arg("--version")
@@ -482,15 +528,7 @@ fn serve_private_with_users(c: &Cluster, hash: &str) {
 #[test]
 fn webhook_denies_an_ingress_that_would_break_the_config() {
     let (c, _web) = routed_cluster(true);
-    let (ok, out) = c.kubectl(
-        &["apply", "--validate=false", "-f", "-"],
-        Some(&ingress(
-            "bad",
-            "bad.example.com",
-            "web",
-            "haproxy.org/timeout-server: banana",
-        )),
-    );
+    let (ok, out) = apply(&c, &bad_ingress());
     assert!(!ok, "the webhook must deny: {out}");
     assert!(
         out.contains("denied the request")
@@ -530,20 +568,19 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
     // The wait a caller gives (`?timeout=`, as kube-apiserver sends it): a review still waiting
     // for its turn past it is not rendered, and answered with a warning; within it, the same
     // review is denied.
-    let (tls, ip, port) = c.webhook.clone().expect("webhook enabled");
+    let (tls, _, _) = c.webhook.clone().expect("webhook enabled");
     let agent = support::https_agent(&std::fs::read(tls.parent().unwrap().join("ca.crt")).unwrap());
-    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "late", "operation": "CREATE", "namespace": NS, "name": "bad",
-        "kind": {"group": "networking.k8s.io", "version": "v1", "kind": "Ingress"},
-        "resource": {"group": "networking.k8s.io", "version": "v1", "resource": "ingresses"},
-        "object": serde_yaml::from_str::<serde_json::Value>(&ingress("bad", "bad.example.com", "web", "haproxy.org/timeout-server: banana")).unwrap()}});
-    let answer = |timeout: &str| -> serde_json::Value {
-        let mut response = agent
-            .post(format!("https://{ip}:{port}/validate?timeout={timeout}"))
-            .header("Content-Type", "application/json")
-            .send(review.to_string().as_bytes())
-            .expect("the webhook answers");
-        serde_json::from_str(&response.body_mut().read_to_string().unwrap()).unwrap()
+    let review = ingress_review(
+        "late",
+        &ingress(
+            "bad",
+            "bad.example.com",
+            "web",
+            "haproxy.org/timeout-server: banana",
+        ),
+    );
+    let answer = |timeout: &str| {
+        post_review(&c, &agent, &format!("?timeout={timeout}"), &review).expect("an answer")
     };
     let late = answer("0s");
     assert_eq!(late["response"]["allowed"], json!(true), "{late}");
@@ -581,7 +618,7 @@ fn webhook_gives_a_forged_config_no_secrets_and_runs_none_of_its_code() {
     let hash = USERS_HASH;
     serve_private_with_users(&c, hash);
 
-    let (tls, ip, port) = c.webhook.clone().expect("webhook enabled");
+    let (tls, _, _) = c.webhook.clone().expect("webhook enabled");
     let agent = support::https_agent(&std::fs::read(tls.parent().unwrap().join("ca.crt")).unwrap());
     // An AdmissionReview for a config whose main template is `template`, as anyone in the
     // cluster could send it: whether it was allowed, and the whole answer.
@@ -595,14 +632,8 @@ fn webhook_gives_a_forged_config_no_secrets_and_runs_none_of_its_code() {
             "kind": {"group": "haproxy-haptic.org", "version": "v1alpha1", "kind": "HAProxyTemplateConfig"},
             "resource": {"group": "haproxy-haptic.org", "version": "v1alpha1", "resource": "haproxytemplateconfigs"},
             "object": config}});
-        let mut response = agent
-            .post(format!("https://{ip}:{port}/validate"))
-            .header("Content-Type", "application/json")
-            .send(review.to_string().as_bytes())
-            .expect("the webhook answers");
-        let text = response.body_mut().read_to_string().unwrap();
-        let body: serde_json::Value = serde_json::from_str(&text).unwrap();
-        (body["response"]["allowed"] == json!(true), text)
+        let body = post_review(&c, &agent, "", &review).expect("the webhook answers");
+        (body["response"]["allowed"] == json!(true), body.to_string())
     };
     // Compiled: a template that does not compile is denied, with the reason.
     let (allowed, answer) = forged("{% if %}");
@@ -677,15 +708,7 @@ fn webhook_with_a_client_ca_answers_only_the_api_server() {
     c.create_service("web", &[&web]);
 
     // The API server is answered: a bad Ingress is denied with the reason, a good one admitted.
-    let (ok, out) = c.kubectl(
-        &["apply", "--validate=false", "-f", "-"],
-        Some(&ingress(
-            "bad",
-            "bad.example.com",
-            "web",
-            "haproxy.org/timeout-server: banana",
-        )),
-    );
+    let (ok, out) = apply(&c, &bad_ingress());
     assert!(
         !ok && out.contains("denied the request") && out.contains("is not a time"),
         "the webhook must answer the API server, and deny: {out}"
@@ -699,20 +722,13 @@ fn webhook_with_a_client_ca_answers_only_the_api_server() {
 
     // Anyone else is not: the same review, posted without a certificate, and with a client
     // certificate of another CA (the agents' CA, which the controller also trusts elsewhere).
-    let (tls, ip, port) = c.webhook.clone().expect("webhook enabled");
+    let (tls, _, _) = c.webhook.clone().expect("webhook enabled");
     let serving_ca = std::fs::read(tls.parent().unwrap().join("ca.crt")).unwrap();
-    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "forged", "operation": "CREATE", "namespace": NS, "name": "forged",
-        "kind": {"group": "networking.k8s.io", "version": "v1", "kind": "Ingress"},
-        "resource": {"group": "networking.k8s.io", "version": "v1", "resource": "ingresses"},
-        "object": serde_yaml::from_str::<serde_json::Value>(&ingress("forged", "forged.example.com", "web", "")).unwrap()}});
-    let post = |agent: ureq::Agent| {
-        agent
-            .post(format!("https://{ip}:{port}/validate"))
-            .header("Content-Type", "application/json")
-            .send(review.to_string().as_bytes())
-            .map(|mut r| r.body_mut().read_to_string().unwrap_or_default())
-    };
+    let review = ingress_review(
+        "forged",
+        &ingress("forged", "forged.example.com", "web", ""),
+    );
+    let post = |agent: ureq::Agent| post_review(&c, &agent, "", &review);
     let anonymous = post(support::https_agent(&serving_ca));
     assert!(
         anonymous.is_err(),
@@ -737,12 +753,7 @@ fn webhook_with_a_client_ca_answers_only_the_api_server() {
             &std::fs::read(api.0.join("controller.key")).unwrap(),
         )),
     ));
-    let answer: serde_json::Value = serde_json::from_str(
-        api_server
-            .as_ref()
-            .expect("the API server's certificate is answered"),
-    )
-    .unwrap();
+    let answer = api_server.expect("the API server's certificate is answered");
     assert_eq!(answer["response"]["allowed"], json!(true), "{answer}");
 }
 
