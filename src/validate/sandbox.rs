@@ -280,8 +280,9 @@ pub fn ruleset_for_check(dir: &Path, haproxy_bin: &str) -> io::Result<Option<Own
     Ok(Some(ruleset))
 }
 
-/// Enters the ruleset: for the child between fork and exec, so it does only what is safe
-/// there (two system calls, no allocation).
+/// Restricts the calling thread to the ruleset, and every process it starts from now on; the
+/// process's other threads stay as they were (no `LANDLOCK_RESTRICT_SELF_TSYNC`), and a thread
+/// cannot leave its restrictions, so call it on a thread of its own.
 pub fn enter(ruleset: RawFd) -> io::Result<()> {
     // SAFETY: plain system calls on integers.
     unsafe {
