@@ -328,7 +328,17 @@ impl Webhook {
         }
         // Waits for this peer's turn: a peer flooding the port delays another's review by at
         // most one render of its own, not by all it has queued.
+        let asked = Instant::now();
         let _turn = self.turns.take(peer);
+        if asked.elapsed() > Duration::from_secs(1) {
+            // Reviews of the API server take a second each at most (a render and a check); a
+            // long wait is other peers' queued reviews: a flood, or a cluster too large for
+            // one webhook replica.
+            log::warn!(
+                "webhook: a review from {peer} waited {} ms for its turn",
+                asked.elapsed().as_millis()
+            );
+        }
         // A review whose caller has given up (its `?timeout=`, 30 s at most) has no one to
         // answer, and rendering it would only delay the others.
         if Instant::now() >= given_up {
