@@ -678,6 +678,7 @@ fn webhook_with_a_client_ca_answers_only_the_api_server() {
     let api = support::TempDir::new("e2e-webhook-client");
     let status = Command::new(root.join("scripts/gen-certs.sh"))
         .arg(&api.0)
+        .arg("--expired-client")
         .stdout(Stdio::null())
         .status()
         .unwrap();
@@ -744,6 +745,18 @@ fn webhook_with_a_client_ca_answers_only_the_api_server() {
     assert!(
         other_ca.is_err(),
         "a caller with another CA's certificate was answered: {other_ca:?}"
+    );
+    // Nor a certificate of the right CA that has expired.
+    let expired = post(support::https_agent_as(
+        &serving_ca,
+        Some((
+            &std::fs::read(api.0.join("controller-expired.crt")).unwrap(),
+            &std::fs::read(api.0.join("controller.key")).unwrap(),
+        )),
+    ));
+    assert!(
+        expired.is_err(),
+        "a caller with an expired certificate was answered: {expired:?}"
     );
     // The API server's own certificate is answered (the check above is the CA, not the port).
     let api_server = post(support::https_agent_as(
