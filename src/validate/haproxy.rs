@@ -145,11 +145,12 @@ fn check_file_in(haproxy_bin: &str, cfg: &Path, sandboxed: bool) -> Result<Strin
             use std::os::fd::AsRawFd;
             let fd = ruleset.as_raw_fd();
             std::thread::scope(|scope| {
-                scope
-                    .spawn(|| {
+                std::thread::Builder::new()
+                    .name("haproxy-check".into())
+                    .spawn_scoped(scope, || {
                         super::sandbox::enter(fd)?;
                         command.spawn()
-                    })
+                    })?
                     .join()
                     .unwrap_or_else(|_| Err(std::io::Error::other("the sandbox thread panicked")))
             })
@@ -161,18 +162,35 @@ fn check_file_in(haproxy_bin: &str, cfg: &Path, sandboxed: bool) -> Result<Strin
         spawned.map_err(|e| CheckError::CouldNotRun(format!("start {haproxy_bin}: {e}")))?;
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
-    // Read both pipes on threads so a chatty haproxy cannot block on a full pipe.
+    // Read both pipes on threads so a chatty haproxy cannot block on a full pipe. A thread
+    // that cannot start (the process's limit) fails this check, not the controller.
     let read = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut text = String::new();
-            if let Some(mut p) = pipe {
-                let _ = p.read_to_string(&mut text);
-            }
-            text
-        })
+        std::thread::Builder::new()
+            .name("haproxy-check-output".into())
+            .spawn(move || {
+                let mut text = String::new();
+                if let Some(mut p) = pipe {
+                    let _ = p.read_to_string(&mut text);
+                }
+                text
+            })
     };
-    let out = read(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let err = read(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let readers = (
+        read(stdout.map(|p| Box::new(p) as Box<dyn Read + Send>)),
+        read(stderr.map(|p| Box::new(p) as Box<dyn Read + Send>)),
+    );
+    let (out, err) = match readers {
+        (Ok(out), Ok(err)) => (out, err),
+        (out, err) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            let why = [out.err(), err.err()].into_iter().flatten().next();
+            return Err(CheckError::CouldNotRun(format!(
+                "start a thread to read haproxy's output: {}",
+                why.map(|e| e.to_string()).unwrap_or_default()
+            )));
+        }
+    };
     let deadline = Instant::now() + CHECK_TIMEOUT;
     let status = loop {
         match child.try_wait() {
