@@ -21,7 +21,7 @@ const OPTIONS: &[Spec] = &[
     opt("agent-credentials-dir", None, "Plain HTTP with basic auth from DIR/username and DIR/password, for agents run with --insecure-http-with-basic-auth (env AGENT_CREDENTIALS_DIR; default: mutual TLS)"),
     opt("webhook-cert-dir", None, "Directory with the webhook's tls.crt and tls.key (env WEBHOOK_CERT_DIR; default /etc/haptic/webhook)"),
     opt("webhook-client-ca", None, "Require a client certificate issued by this CA (PEM) of the webhook's callers: the API server's, from its AdmissionConfiguration (env WEBHOOK_CLIENT_CA; default: any caller)"),
-    opt("check-sandbox", None, "auto: haproxy -c runs in a Landlock sandbox where the kernel has Landlock, unsandboxed elsewhere; required: it does not run without one (env CHECK_SANDBOX; default auto)"),
+    opt("check-sandbox", None, "auto: haproxy -c runs in a Landlock sandbox where the kernel has Landlock, unsandboxed elsewhere; required: it does not run without one; off: never sandboxed (env CHECK_SANDBOX, also read by render and validate; default auto)"),
     opt("log-level", None, "TRACE, DEBUG, INFO, WARN or ERROR (env LOG_LEVEL; default INFO; spec.logging.level overrides)"),
 ];
 
@@ -67,16 +67,13 @@ pub(super) fn run(args: &[String]) -> CommandResult {
     let level =
         crate::logger::parse_level(&level).ok_or_else(|| format!("unknown log level {level:?}"))?;
     crate::logger::set_level(level);
-    match flag_or_env(&parsed, "check-sandbox", "CHECK_SANDBOX").as_deref() {
-        None | Some("") | Some("auto") => crate::validate::sandbox::require(false),
-        Some("required") => {
-            crate::validate::sandbox::require(true);
-            // Says at start, not at the first check, when no check will run.
-            let _ = crate::validate::sandbox::abi();
-        }
-        Some(other) => {
-            return Err(format!("--check-sandbox: auto or required, not {other:?}").into())
-        }
+    let sandbox = flag_or_env(&parsed, "check-sandbox", "CHECK_SANDBOX").unwrap_or_default();
+    let sandbox = crate::validate::sandbox::Mode::parse(&sandbox)
+        .map_err(|e| format!("--check-sandbox: {e}"))?;
+    crate::validate::sandbox::set_mode(sandbox);
+    if sandbox == crate::validate::sandbox::Mode::Required {
+        // Says at start, not at the first check, when no check will run.
+        let _ = crate::validate::sandbox::abi();
     }
     let health = listen_addr(flag_or_env(&parsed, "health-port", "HEALTH_PORT"), 8080)?
         .ok_or("the health port cannot be disabled")?;

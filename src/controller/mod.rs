@@ -401,7 +401,7 @@ fn controller_metrics() -> Registry {
     metrics.set(
         &crate::metrics::CHECK_SANDBOX,
         [],
-        crate::validate::sandbox::abi().unwrap_or(0) as f64,
+        crate::validate::sandbox::active_abi().unwrap_or(0) as f64,
     );
     metrics
 }

@@ -157,6 +157,7 @@ fn check_file_in(haproxy_bin: &str, cfg: &Path, sandboxed: bool) -> Result<Strin
         }
         None => command.spawn(),
     };
+    let ruleset_used = ruleset.is_some();
     drop(ruleset);
     let mut child =
         spawned.map_err(|e| CheckError::CouldNotRun(format!("start {haproxy_bin}: {e}")))?;
@@ -220,6 +221,13 @@ fn check_file_in(haproxy_bin: &str, cfg: &Path, sandboxed: bool) -> Result<Strin
         .collect();
     if status.success() {
         Ok(relevant.join("\n"))
+    } else if ruleset_used && output.contains("error while loading shared libraries") {
+        // HAProxy's libraries live outside what the sandbox lets it read.
+        Err(CheckError::CouldNotRun(format!(
+            "{}\n(haproxy -c runs in a Landlock sandbox that reads /usr and /lib*; where HAProxy \
+             loads libraries from elsewhere, set CHECK_SANDBOX=off)",
+            relevant.join("\n")
+        )))
     } else {
         let alerts: Vec<&str> = relevant
             .iter()

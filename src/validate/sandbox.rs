@@ -59,12 +59,51 @@ struct NetPortAttr {
     port: u64,
 }
 
-/// Whether a check may run without the sandbox when the kernel has none.
+/// How checks use the sandbox: `--check-sandbox` / `CHECK_SANDBOX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Sandboxed where the kernel has Landlock, unsandboxed (with a warning) elsewhere.
+    Auto,
+    /// No check runs without the sandbox.
+    Required,
+    /// No sandbox: for a developer's machine whose HAProxy loads libraries from elsewhere.
+    Off,
+}
+
+impl Mode {
+    pub fn parse(text: &str) -> Result<Mode, String> {
+        match text {
+            "" | "auto" => Ok(Mode::Auto),
+            "required" => Ok(Mode::Required),
+            "off" => Ok(Mode::Off),
+            other => Err(format!("auto, required or off, not {other:?}")),
+        }
+    }
+}
+
+/// Set by `set_mode` (the controller's flag); otherwise read from `CHECK_SANDBOX` once.
+static MODE: OnceLock<Mode> = OnceLock::new();
 static REQUIRED: AtomicBool = AtomicBool::new(false);
 
-/// `--check-sandbox required`: checks refuse to run where Landlock is not available.
-pub fn require(required: bool) {
-    REQUIRED.store(required, Ordering::Relaxed);
+/// Chooses the mode for every later check (before the first one).
+pub fn set_mode(mode: Mode) {
+    let _ = MODE.set(mode);
+    REQUIRED.store(mode == Mode::Required, Ordering::Relaxed);
+}
+
+fn mode() -> Mode {
+    *MODE.get_or_init(|| {
+        let mode = std::env::var("CHECK_SANDBOX")
+            .map(|v| {
+                Mode::parse(&v).unwrap_or_else(|e| {
+                    log::warn!("CHECK_SANDBOX: {e}; using auto");
+                    Mode::Auto
+                })
+            })
+            .unwrap_or(Mode::Auto);
+        REQUIRED.store(mode == Mode::Required, Ordering::Relaxed);
+        mode
+    })
 }
 
 /// Every file-system right the kernel's Landlock ABI knows: all of them are denied unless a
@@ -107,6 +146,16 @@ pub fn abi() -> Option<i64> {
             Some(v as i64)
         }
     })
+}
+
+/// The ABI checks are sandboxed with: `None` where the kernel has no Landlock or the mode is
+/// `off` (the metric `haptic_check_sandbox`).
+pub fn active_abi() -> Option<i64> {
+    if mode() == Mode::Off {
+        None
+    } else {
+        abi()
+    }
 }
 
 /// What a `haproxy -c` of a configuration in `dir` may read: `dir` itself, the binary, and
@@ -170,6 +219,9 @@ fn resolve(name: &str) -> Option<PathBuf> {
 /// A Landlock ruleset for one `haproxy -c` of a configuration in `dir`, ready for the child
 /// to enter (`enter`). `None` where Landlock is not available.
 pub fn ruleset_for_check(dir: &Path, haproxy_bin: &str) -> io::Result<Option<OwnedFd>> {
+    if mode() == Mode::Off {
+        return Ok(None);
+    }
     let Some(abi) = abi() else {
         if REQUIRED.load(Ordering::Relaxed) {
             return Err(io::Error::other(
@@ -294,4 +346,19 @@ pub fn enter(ruleset: RawFd) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Mode;
+
+    #[test]
+    fn the_mode_is_one_of_three_words() {
+        assert_eq!(Mode::parse(""), Ok(Mode::Auto));
+        assert_eq!(Mode::parse("auto"), Ok(Mode::Auto));
+        assert_eq!(Mode::parse("required"), Ok(Mode::Required));
+        assert_eq!(Mode::parse("off"), Ok(Mode::Off));
+        assert!(Mode::parse("Required").is_err());
+        assert!(Mode::parse("no").is_err());
+    }
 }
