@@ -735,37 +735,30 @@ fn webhook_with_a_client_ca_answers_only_the_api_server() {
         anonymous.is_err(),
         "a caller without a certificate was answered: {anonymous:?}"
     );
-    let other_ca = post(support::https_agent_as(
-        &serving_ca,
-        Some((
-            &std::fs::read(c.certs.join("controller.crt")).unwrap(),
-            &std::fs::read(c.certs.join("controller.key")).unwrap(),
-        )),
-    ));
+    // Posted with the client certificate `cert` and key `key` (PEM files).
+    let post_as = |cert: std::path::PathBuf, key: std::path::PathBuf| {
+        let (cert, key) = (std::fs::read(cert).unwrap(), std::fs::read(key).unwrap());
+        post(support::https_agent_as(&serving_ca, Some((&cert, &key))))
+    };
+    let other_ca = post_as(
+        c.certs.join("controller.crt"),
+        c.certs.join("controller.key"),
+    );
     assert!(
         other_ca.is_err(),
         "a caller with another CA's certificate was answered: {other_ca:?}"
     );
     // Nor a certificate of the right CA that has expired.
-    let expired = post(support::https_agent_as(
-        &serving_ca,
-        Some((
-            &std::fs::read(api.0.join("controller-expired.crt")).unwrap(),
-            &std::fs::read(api.0.join("controller.key")).unwrap(),
-        )),
-    ));
+    let expired = post_as(
+        api.0.join("controller-expired.crt"),
+        api.0.join("controller.key"),
+    );
     assert!(
         expired.is_err(),
         "a caller with an expired certificate was answered: {expired:?}"
     );
     // The API server's own certificate is answered (the check above is the CA, not the port).
-    let api_server = post(support::https_agent_as(
-        &serving_ca,
-        Some((
-            &std::fs::read(api.0.join("controller.crt")).unwrap(),
-            &std::fs::read(api.0.join("controller.key")).unwrap(),
-        )),
-    ));
+    let api_server = post_as(api.0.join("controller.crt"), api.0.join("controller.key"));
     let answer = api_server.expect("the API server's certificate is answered");
     assert_eq!(answer["response"]["allowed"], json!(true), "{answer}");
 }

@@ -158,52 +158,82 @@ pub fn active_abi() -> Option<i64> {
     }
 }
 
-/// What a `haproxy -c` of a configuration in `dir` may read: `dir` itself, the binary, and
-/// the system paths HAProxy reads to start (present ones only).
-fn readable(dir: &Path, binary: Option<PathBuf>) -> Vec<(PathBuf, u64)> {
-    let read_dir = FS_READ_FILE | FS_READ_DIR;
-    let mut paths = vec![(dir.to_path_buf(), read_dir)];
+const READ: u64 = FS_READ_FILE | FS_READ_DIR;
+
+/// What HAProxy reads to start, wherever it checks: the paths present get a rule.
+const SYSTEM: &[(&str, u64)] = &[
     // Programs and shared libraries (Debian's haproxy and its libraries, Lua modules, a static
     // haproxy in /usr/local/sbin).
-    for system in ["/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin"] {
-        paths.push((PathBuf::from(system), read_dir | FS_EXECUTE));
-    }
+    ("/usr", READ | FS_EXECUTE),
+    ("/lib", READ | FS_EXECUTE),
+    ("/lib64", READ | FS_EXECUTE),
+    ("/lib32", READ | FS_EXECUTE),
+    ("/bin", READ | FS_EXECUTE),
+    ("/sbin", READ | FS_EXECUTE),
     // Of /etc, only what the loader, the resolver, time zones and TLS read: the controller's
     // own credentials and certificates are mounted under /etc/haptic.
-    for etc in [
-        "/etc/ld.so.cache",
-        "/etc/ld.so.conf",
-        "/etc/ld.so.conf.d",
-        "/etc/localtime",
-        "/etc/resolv.conf",
-        "/etc/hosts",
-        "/etc/host.conf",
-        "/etc/nsswitch.conf",
-        "/etc/gai.conf",
-        "/etc/services",
-        "/etc/protocols",
-        "/etc/ssl",
-        "/etc/pki",
-        "/etc/ca-certificates",
-    ] {
-        paths.push((PathBuf::from(etc), read_dir));
-    }
-    for dev in ["/dev/null", "/dev/urandom", "/dev/random"] {
-        paths.push((PathBuf::from(dev), FS_READ_FILE | FS_WRITE_FILE));
-    }
+    ("/etc/ld.so.cache", READ),
+    ("/etc/ld.so.conf", READ),
+    ("/etc/ld.so.conf.d", READ),
+    ("/etc/localtime", READ),
+    ("/etc/resolv.conf", READ),
+    ("/etc/hosts", READ),
+    ("/etc/host.conf", READ),
+    ("/etc/nsswitch.conf", READ),
+    ("/etc/gai.conf", READ),
+    ("/etc/services", READ),
+    ("/etc/protocols", READ),
+    ("/etc/ssl", READ),
+    ("/etc/pki", READ),
+    ("/etc/ca-certificates", READ),
+    ("/dev/null", FS_READ_FILE | FS_WRITE_FILE),
+    ("/dev/urandom", FS_READ_FILE | FS_WRITE_FILE),
+    ("/dev/random", FS_READ_FILE | FS_WRITE_FILE),
     // How many CPUs there are (HAProxy sizes its threads by them, as in the HAProxy pod).
-    for cpus in [
-        "/sys/devices/system/cpu",
-        "/sys/devices/system/node",
-        "/proc/stat",
-        "/proc/cpuinfo",
-    ] {
-        paths.push((PathBuf::from(cpus), read_dir));
-    }
+    ("/sys/devices/system/cpu", READ),
+    ("/sys/devices/system/node", READ),
+    ("/proc/stat", READ),
+    ("/proc/cpuinfo", READ),
+];
+
+/// What a `haproxy -c` of a configuration in `dir` may read: `dir` itself, the binary, and
+/// the system paths HAProxy reads to start.
+fn readable(dir: &Path, binary: Option<PathBuf>) -> Vec<(PathBuf, u64)> {
+    let mut paths = vec![(dir.to_path_buf(), READ)];
+    paths.extend(SYSTEM.iter().map(|(p, a)| (PathBuf::from(p), *a)));
     if let Some(binary) = binary {
         paths.push((binary, FS_READ_FILE | FS_EXECUTE));
     }
     paths
+}
+
+/// Adds a rule to `ruleset`.
+///
+/// # Safety
+/// `attr` must be the attribute structure of `rule_type`.
+unsafe fn add_rule<T>(
+    ruleset: &OwnedFd,
+    rule_type: libc::c_int,
+    attr: &T,
+    what: &str,
+) -> io::Result<()> {
+    // SAFETY: the caller passes the attribute of this rule type, valid for the call.
+    let added = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_add_rule,
+            ruleset.as_raw_fd(),
+            rule_type,
+            attr as *const T,
+            0u32,
+        )
+    };
+    if added < 0 {
+        return Err(io::Error::other(format!(
+            "landlock rule for {what}: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    Ok(())
 }
 
 /// `name` as `Command` would find it: a path as given, a bare name on `PATH`.
@@ -287,23 +317,15 @@ pub fn ruleset_for_check(dir: &Path, haproxy_bin: &str) -> io::Result<Option<Own
             allowed_access: allowed & handled_fs(abi),
             parent_fd: parent.as_raw_fd(),
         };
-        // SAFETY: a valid rule for a path-beneath rule type, on our ruleset.
-        let added = unsafe {
-            libc::syscall(
-                libc::SYS_landlock_add_rule,
-                ruleset.as_raw_fd(),
+        // SAFETY: a path-beneath attribute for a path-beneath rule.
+        unsafe {
+            add_rule(
+                &ruleset,
                 RULE_PATH_BENEATH,
-                &rule as *const PathBeneathAttr,
-                0u32,
-            )
+                &rule,
+                &path.display().to_string(),
+            )?
         };
-        if added < 0 {
-            return Err(io::Error::other(format!(
-                "landlock rule for {}: {}",
-                path.display(),
-                io::Error::last_os_error()
-            )));
-        }
     }
     if abi >= 4 {
         // DNS over TCP, which the resolver falls back to for long answers (a headless Service
@@ -312,22 +334,8 @@ pub fn ruleset_for_check(dir: &Path, haproxy_bin: &str) -> io::Result<Option<Own
             allowed_access: NET_CONNECT_TCP,
             port: 53,
         };
-        // SAFETY: a valid rule for a net-port rule type, on our ruleset.
-        let added = unsafe {
-            libc::syscall(
-                libc::SYS_landlock_add_rule,
-                ruleset.as_raw_fd(),
-                RULE_NET_PORT,
-                &rule as *const NetPortAttr,
-                0u32,
-            )
-        };
-        if added < 0 {
-            return Err(io::Error::other(format!(
-                "landlock rule for DNS over TCP: {}",
-                io::Error::last_os_error()
-            )));
-        }
+        // SAFETY: a net-port attribute for a net-port rule.
+        unsafe { add_rule(&ruleset, RULE_NET_PORT, &rule, "DNS over TCP")? };
     }
     Ok(Some(ruleset))
 }
