@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packaging tests: the Helm chart (rendered and linted with the real Helm v4 SDK, validated with
 # kubernetes-validate --strict for Kubernetes 1.29 and 1.33, applied with kubectl to the dev API
-# server), the CRDs, the Dockerfile, docs/install.md's values reference, the static musl
+# server; its alert rules unit-tested with promtool), the CRDs, the Dockerfile, docs/install.md's values reference, the static musl
 # binaries (statically linked, run in an empty chroot, sizes), and the images
 # scripts/build-images.sh builds with buildah (unpacked and run as their user, as root only).
 #
@@ -12,6 +12,7 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 venv=.venv
 ensure_venv
+ensure_packages promtool:prometheus
 
 target_dir=${CARGO_TARGET_DIR:-target}
 echo "==> scripts/build-static.sh"

@@ -620,6 +620,159 @@ class Manifests(unittest.TestCase):
         self.assertEqual(find(docs, "ServiceMonitor") + find(docs, "PrometheusRule"), [])
 
 
+JOB = f"{FULLNAME}-controller"
+POD = f"{FULLNAME}-controller-7d9f-abcde"
+
+
+def exported_metrics():
+    """The metric names the controller exports (src/metrics.rs), with the series a histogram
+    adds, and Prometheus's own `up`."""
+    text = (ROOT / "src" / "metrics.rs").read_text()
+    names = set(re.findall(r'name: "(haptic_[a-z_]+)"', text))
+    histograms = set(re.findall(r'Histogram<\d+> = Histogram \{\s*name: "(haptic_[a-z_]+)"', text))
+    for h in histograms:
+        names |= {h + "_bucket", h + "_sum", h + "_count"}
+    return names | {"up", "process_resident_memory_bytes"}
+
+
+def expand(text, labels, value):
+    """An alert annotation as Prometheus expands it, for the two forms the chart's rules use."""
+    out = text
+    for k, v in labels.items():
+        out = out.replace("{{ $labels.%s }}" % k, v)
+    return out.replace("{{ $value }}", value)
+
+
+class Alerts(unittest.TestCase):
+    """The chart's PrometheusRule, checked and unit-tested by the real promtool: every alert
+    fires on the series that should raise it, after its `for`, and stays silent otherwise."""
+
+    def rules(self, extra=None):
+        _, _, docs = render("everything", extra)
+        return one(docs, "PrometheusRule", FULLNAME)["spec"]
+
+    def promtool(self, *args, cwd):
+        promtool = shutil.which("promtool")
+        self.assertIsNotNone(promtool, "promtool (Debian: prometheus) is needed; scripts/test.sh installs it")
+        return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True)
+
+    def test_rules_reference_only_exported_metrics(self):
+        exprs = " ".join(r["expr"] for g in self.rules()["groups"] for r in g["rules"])
+        dashboard = (CHART / "dashboards" / "haptic.json").read_text()
+        exported = exported_metrics()
+        self.assertIn("haptic_check_sandbox", exported)
+        for where, text in (("PrometheusRule", exprs), ("dashboard", dashboard)):
+            used = set(re.findall(r"\b(haptic_[a-z_]+|up)\b(?=\{|\[|\)| )", text))
+            self.assertTrue(used, where)
+            self.assertEqual(used - exported, set(), f"{where} queries metrics the controller does not export")
+
+    def test_alerts_fire_when_they_should_and_only_then(self):
+        spec = self.rules()
+        alerts = {r["alert"]: r for g in spec["groups"] for r in g["rules"]}
+        pod = {"job": JOB, "pod": POD}
+
+        def sel(name, labels):
+            return name + "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+
+        def expect(alert, labels, value=""):
+            rule = alerts[alert]
+            all_labels = {**labels, **rule.get("labels", {})}
+            return {
+                "exp_labels": all_labels,
+                "exp_annotations": {k: expand(v, all_labels, value) for k, v in rule["annotations"].items()},
+            }
+
+        # Per alert: (series, minutes after which it must fire, its labels and $value, and
+        # series of the healthy case in which it must not).
+        counter_up = "0+1x40"  # an error every minute
+        cases = {
+            "HapticControllerDown": ([(sel("up", pod), "0x40")], 10, {}, "", [(sel("up", pod), "1x40")]),
+            "HapticNoLeader": (
+                [(sel("haptic_leader_election_is_leader", pod), "0x40")], 10, {}, "",
+                [(sel("haptic_leader_election_is_leader", pod), "1x40"),
+                 (sel("haptic_leader_election_is_leader", {**pod, "pod": POD + "2"}), "0x40")],
+            ),
+            "HapticReconciliationErrors": (
+                [(sel("haptic_reconciliation_errors_total", {**pod, "stage": "render"}), counter_up)], 25,
+                {**pod, "stage": "render"}, "",
+                [(sel("haptic_reconciliation_errors_total", {**pod, "stage": "render"}), "3x40")],
+            ),
+            "HapticDeploymentErrors": (
+                [(sel("haptic_deployment_errors_total", pod), counter_up)], 25, pod, "",
+                [(sel("haptic_deployment_errors_total", pod), "7x40")],
+            ),
+            "HapticNoHAProxyPods": (
+                [(sel("haptic_resource_objects", {**pod, "type": "haproxy-pods"}), "0x40"),
+                 (sel("haptic_resource_objects", {**pod, "type": "ingresses"}), "5x40")], 10, {}, "",
+                [(sel("haptic_resource_objects", {**pod, "type": "haproxy-pods"}), "2x40")],
+            ),
+            "HapticFrequentLeaderChanges": (
+                [(sel("haptic_leader_election_transitions_total", pod), "0+1x40")], 20, pod, "",
+                [(sel("haptic_leader_election_transitions_total", pod), "0+0.05x40")],
+            ),
+            "HapticWebhookAdmitsUnchecked": (
+                [(sel("haptic_webhook_requests_total", {**pod, "result": "error"}), counter_up),
+                 (sel("haptic_webhook_requests_total", {**pod, "result": "allowed"}), counter_up)], 35,
+                {**pod, "result": "error"}, "",
+                [(sel("haptic_webhook_requests_total", {**pod, "result": "error"}), "2x40"),
+                 (sel("haptic_webhook_requests_total", {**pod, "result": "denied"}), counter_up)],
+            ),
+            "HapticObjectsLeftOut": (
+                [(sel("haptic_dropped_objects", pod), "3x40")], 35, {}, "3",
+                [(sel("haptic_dropped_objects", pod), "0x40")],
+            ),
+            "HapticConfigDrift": (
+                [(sel("haptic_drift_detected_total", pod), "0+1x40")], 10, pod, "",
+                [(sel("haptic_drift_detected_total", pod), "0+0.05x40")],
+            ),
+            "HapticCheckUnsandboxed": (
+                [(sel("haptic_check_sandbox", pod), "0x40")], 20, pod, "",
+                [(sel("haptic_check_sandbox", pod), "6x40")],
+            ),
+        }
+        self.assertEqual(set(cases), set(alerts), "every alert has a case, every case an alert")
+        tests = []
+        for alert, (series, at, labels, value, healthy) in cases.items():
+            rule = alerts[alert]
+            # Before its `for` has passed it is pending, not firing.
+            wait = rule.get("for")
+            early = [{"eval_time": "1m", "alertname": alert, "exp_alerts": []}] if wait else []
+            tests.append({
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series],
+                "alert_rule_test": early + [
+                    {"eval_time": f"{at}m", "alertname": alert, "exp_alerts": [expect(alert, labels, value)]},
+                ],
+            })
+            tests.append({
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in healthy],
+                "alert_rule_test": [{"eval_time": f"{t}m", "alertname": alert, "exp_alerts": []} for t in (at, 40)],
+            })
+        with tempfile.TemporaryDirectory(prefix="haptic-test-rules.") as d:
+            Path(d, "rules.yaml").write_text(yaml.safe_dump(spec))
+            Path(d, "tests.yaml").write_text(yaml.safe_dump({"rule_files": ["rules.yaml"], "tests": tests}))
+            checked = self.promtool("check", "rules", "rules.yaml", cwd=d)
+            self.assertEqual(checked.returncode, 0, checked.stdout + checked.stderr)
+            tested = self.promtool("test", "rules", "tests.yaml", cwd=d)
+            self.assertEqual(tested.returncode, 0, tested.stdout + tested.stderr)
+
+    def test_every_metric_and_alert_is_documented(self):
+        ops = (ROOT / "docs" / "operations.md").read_text()
+        documented = set(re.findall(r"^\| `(haptic_[a-z_]+)` \|", ops, re.M))
+        self.assertEqual(set(re.findall(r'name: "(haptic_[a-z_]+)"', (ROOT / "src" / "metrics.rs").read_text())),
+                         documented, "docs/operations.md's metric table against src/metrics.rs")
+        alerts = {r["alert"] for g in self.rules()["groups"] for r in g["rules"]}
+        self.assertEqual(set(re.findall(r"^\| `(Haptic[A-Za-z]+)` \|", ops, re.M)), alerts,
+                         "docs/operations.md's alert table against the PrometheusRule")
+
+    def test_no_sandbox_alert_when_the_sandbox_is_off(self):
+        names = lambda spec: {r["alert"] for g in spec["groups"] for r in g["rules"]}
+        self.assertIn("HapticCheckUnsandboxed", names(self.rules()))
+        self.assertIn("HapticCheckUnsandboxed", names(self.rules({"controller": {"checkSandbox": "required"}})))
+        self.assertNotIn("HapticCheckUnsandboxed", names(self.rules({"controller": {"checkSandbox": "off"}})))
+
+
 class Rbac(unittest.TestCase):
     def rules(self, docs, kind, name):
         return one(docs, kind, name)["rules"]
