@@ -757,6 +757,22 @@ class Alerts(unittest.TestCase):
             tested = self.promtool("test", "rules", "tests.yaml", cwd=d)
             self.assertEqual(tested.returncode, 0, tested.stdout + tested.stderr)
 
+    def test_dashboard_queries_parse_and_panels_are_distinct(self):
+        dashboard = json.loads((CHART / "dashboards" / "haptic.json").read_text())
+        panels = dashboard["panels"]
+        self.assertEqual(len({p["id"] for p in panels}), len(panels), "panel ids are unique")
+        cells = [(p["gridPos"]["x"], p["gridPos"]["y"]) for p in panels]
+        self.assertEqual(len(set(cells)), len(cells), "no two panels in one place")
+        exprs = [t["expr"] for p in panels for t in p["targets"]]
+        # As recording rules, with Grafana's variable filled in, promtool parses each query.
+        rules = {"groups": [{"name": "dashboard", "rules": [
+            {"record": f"dashboard:query{i}", "expr": e.replace("$namespace", NAMESPACE)} for i, e in enumerate(exprs)
+        ]}]}
+        with tempfile.TemporaryDirectory(prefix="haptic-test-dashboard.") as d:
+            Path(d, "rules.yaml").write_text(yaml.safe_dump(rules))
+            checked = self.promtool("check", "rules", "rules.yaml", cwd=d)
+            self.assertEqual(checked.returncode, 0, checked.stdout + checked.stderr)
+
     def test_every_metric_and_alert_is_documented(self):
         ops = (ROOT / "docs" / "operations.md").read_text()
         documented = set(re.findall(r"^\| `(haptic_[a-z_]+)` \|", ops, re.M))
