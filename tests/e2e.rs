@@ -870,6 +870,19 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
     ] {
         assert!(text.contains(name), "{name} missing from /metrics");
     }
+    // The series the chart's alerts select (HapticNoLeader, HapticNoHAProxyPods): one of the
+    // two replicas leads, and it sees the HAProxy pods under the label value the alert uses.
+    let texts = [text.clone(), metrics(&c, 1)];
+    let leading: Vec<f64> = texts
+        .iter()
+        .map(|t| metric_value(t, "haptic_leader_election_is_leader "))
+        .collect();
+    assert_eq!(leading.iter().sum::<f64>(), 1.0, "{leading:?}");
+    let leader = &texts[leading.iter().position(|&v| v == 1.0).unwrap_or_default()];
+    assert_eq!(
+        metric_value(leader, "haptic_resource_objects{type=\"haproxy-pods\"} "),
+        2.0
+    );
 
     // HAProxy's own exporter and stats page on the pods' status port (the chart's PodMonitor
     // scrapes it), after a request has gone through the http frontend.
