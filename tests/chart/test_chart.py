@@ -124,6 +124,13 @@ VARIANTS = {
         "libraries": {"gateway": {"enabled": True}},
         "haproxy": {"ports": {"http": 8080, "https": 8443}, "gatewayPorts": [{"port": 9000}, {"port": 5432, "nodePort": 30432}]},
     },
+    "daemonset-host-network": {
+        "haproxy": {"kind": "DaemonSet", "hostNetwork": True, "privilegedPorts": "capability", "maxUnavailable": "25%"},
+    },
+    "autoscaled-host-ports": {
+        "haproxy": {"autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 12},
+                    "hostPorts": True, "gatewayPorts": [{"port": 9000}]},
+    },
     "insecure-agent": {"agent": {"insecureHttpWithBasicAuth": True}, "webhook": {"enabled": False}},
     "user-overrides": {
         "controller": {
@@ -262,7 +269,7 @@ class Crds(unittest.TestCase):
 
 class Lint(unittest.TestCase):
     def test_lint_strict_is_clean(self):
-        for variant in ["defaults", "cert-manager", "everything", "single-replica"]:
+        for variant in ["defaults", "cert-manager", "everything", "single-replica", "daemonset-host-network", "autoscaled-host-ports"]:
             for kube in ["v1.29.0", "v1.33.0"]:
                 report = helm_python.lint(
                     str(CHART), VARIANTS[variant], strict=True, namespace=NAMESPACE, kube_version=kube
@@ -456,6 +463,91 @@ class Manifests(unittest.TestCase):
             self.assertIn("haproxy.drain.preStopSeconds (30) + haproxy.drain.hardStopAfterSeconds (0)", str(e.exception))
         finally:
             ch.close()
+
+    def render_refused(self, values):
+        """The message of a render the chart refuses."""
+        ch = Chart.load(str(CHART))
+        try:
+            with self.assertRaises(helm_python.HelmError) as e:
+                ch.render(values, name=RELEASE, namespace=NAMESPACE)
+            return str(e.exception)
+        finally:
+            ch.close()
+
+    def test_haproxy_as_a_daemonset_on_the_host_network(self):
+        _, by_template, docs = render("daemonset-host-network")
+        self.assertEqual(find(docs, "Deployment", f"{FULLNAME}-haproxy"), [])
+        ds = one(docs, "DaemonSet", f"{FULLNAME}-haproxy")
+        self.assertEqual(ds["spec"]["updateStrategy"], {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%"}})
+        self.assertEqual(ds["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"], "haproxy")
+        pod = ds["spec"]["template"]["spec"]
+        self.assertIs(pod["hostNetwork"], True)
+        self.assertEqual(pod["dnsPolicy"], "ClusterFirstWithHostNet")
+        # The sysctl cannot be set on the host's namespace: the capability binds 80 and 443.
+        self.assertNotIn("sysctls", pod["securityContext"])
+        self.assertEqual(container(ds, "haproxy")["securityContext"]["capabilities"]["add"], ["NET_BIND_SERVICE"])
+        self.assertNotIn("affinity", pod, "one per node already; no anti-affinity of its own")
+        self.assertTrue(all("hostPort" not in p for c in pod["containers"] for p in c["ports"]))
+        pdb = one(docs, "PodDisruptionBudget", f"{FULLNAME}-haproxy")["spec"]
+        self.assertEqual(pdb["maxUnavailable"], "25%")
+        self.assertNotIn("minAvailable", pdb)
+        self.assertIn("HAProxy:    a DaemonSet (one per node) on the nodes' network", by_template["haptic/templates/NOTES.txt"])
+        # The controller finds the pods by the same labels whatever their workload.
+        cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
+        selector = cfg["podSelector"]["matchLabels"]
+        self.assertLessEqual(selector.items(), ds["spec"]["template"]["metadata"]["labels"].items())
+
+    def test_haproxy_autoscaled_with_host_ports(self):
+        _, by_template, docs = render("autoscaled-host-ports")
+        deploy = one(docs, "Deployment", f"{FULLNAME}-haproxy")
+        self.assertNotIn("replicas", deploy["spec"], "the autoscaler owns the replica count")
+        # Bound to their nodes' ports, old pods go first: a surge pod could not start beside one.
+        self.assertEqual(deploy["spec"]["strategy"]["rollingUpdate"], {"maxUnavailable": 1, "maxSurge": 0})
+        ports = {p["name"]: p.get("hostPort") for p in container(deploy, "haproxy")["ports"]}
+        self.assertEqual(ports, {"http": 80, "https": 443, "status": None, "gw-9000": 9000})
+        self.assertNotIn("hostNetwork", deploy["spec"]["template"]["spec"])
+        hpa = one(docs, "HorizontalPodAutoscaler", f"{FULLNAME}-haproxy")["spec"]
+        self.assertEqual(hpa["scaleTargetRef"], {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{FULLNAME}-haproxy"})
+        self.assertEqual((hpa["minReplicas"], hpa["maxReplicas"]), (3, 12))
+        self.assertEqual(hpa["metrics"][0]["resource"]["target"], {"type": "Utilization", "averageUtilization": 70})
+        self.assertEqual(one(docs, "PodDisruptionBudget", f"{FULLNAME}-haproxy")["spec"]["minAvailable"], 1)
+        self.assertIn("HAProxy:    3–12 replicas (autoscaled) with host ports", by_template["haptic/templates/NOTES.txt"])
+        # The defaults: a Deployment of fixed size, no autoscaler, surge first.
+        _, _, docs = render("defaults")
+        deploy = one(docs, "Deployment", f"{FULLNAME}-haproxy")
+        self.assertEqual(deploy["spec"]["replicas"], 2)
+        self.assertEqual(deploy["spec"]["strategy"]["rollingUpdate"], {"maxUnavailable": 0, "maxSurge": 1})
+        self.assertEqual(find(docs, "HorizontalPodAutoscaler") + find(docs, "DaemonSet"), [])
+        # An autoscaler whose minimum is one replica gets no PDB (it would block node drains).
+        _, _, docs = render("autoscaled-host-ports", {"haproxy": {"autoscaling": {"minReplicas": 1}}})
+        self.assertEqual(find(docs, "PodDisruptionBudget", f"{FULLNAME}-haproxy"), [])
+
+    def test_haproxy_workload_refusals_name_the_values(self):
+        self.assertIn("haproxy.hostNetwork with ports below 1024 needs haproxy.privilegedPorts: capability",
+                      self.render_refused({"haproxy": {"hostNetwork": True}}))
+        self.assertIn("haproxy.hostNetwork with agent.insecureHttpWithBasicAuth would serve the agent's plain-HTTP API",
+                      self.render_refused({"haproxy": {"hostNetwork": True, "privilegedPorts": "capability"},
+                                           "agent": {"insecureHttpWithBasicAuth": True}}))
+        self.assertIn("haproxy.autoscaling is for haproxy.kind: Deployment",
+                      self.render_refused({"haproxy": {"kind": "DaemonSet", "autoscaling": {"enabled": True}}}))
+        self.assertIn("haproxy.autoscaling.minReplicas (5) is above maxReplicas (4)",
+                      self.render_refused({"haproxy": {"autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 4}}}))
+        self.assertIn("needs a CPU request in agent.resources",
+                      self.render_refused({"agent": {"resources": {"requests": {"cpu": None}}},
+                                           "haproxy": {"autoscaling": {"enabled": True}}}))
+        # Ports of 1024 and above need neither the sysctl nor the capability on the host network.
+        _, _, docs = render("defaults", {"haproxy": {"hostNetwork": True, "ports": {"http": 8080, "https": 8443}}})
+        pod = one(docs, "Deployment", f"{FULLNAME}-haproxy")["spec"]["template"]["spec"]
+        self.assertNotIn("sysctls", pod["securityContext"])
+        self.assertIs(pod["hostNetwork"], True)
+        for bad in [{"haproxy": {"kind": "StatefulSet"}}, {"haproxy": {"maxUnavailable": 0}},
+                    {"haproxy": {"autoscaling": {"enabled": True, "targetCPUUtilizationPercentage": 0}}}]:
+            ch = Chart.load(str(CHART))
+            try:
+                with self.assertRaises(helm_python.HelmValuesError, msg=str(bad)):
+                    ch.render(bad, name=RELEASE, namespace=NAMESPACE)
+            finally:
+                ch.close()
 
     def assert_haproxy_valid(self, cfg):
         haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
@@ -1310,7 +1402,7 @@ class DevApiserver(unittest.TestCase):
         crds += [minimal_crd(*c) for c in MONITORING_CRDS]
         crds.append(minimal_crd("gateway.networking.k8s.io", "gatewayclasses", "GatewayClass", scope="Cluster"))
         self.apply(crds)
-        for variant in ["defaults", "everything", "cert-manager"]:
+        for variant in ["defaults", "everything", "cert-manager", "daemonset-host-network", "autoscaled-host-ports"]:
             _, _, docs = render(variant)
             out = self.apply(docs)
             for doc in docs:

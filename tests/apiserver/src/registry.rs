@@ -145,6 +145,16 @@ const BUILTINS: &[Builtin] = &[
         &["deploy"],
         true,
     ),
+    ("apps", "v1", "daemonsets", "DaemonSet", true, &["ds"], true),
+    (
+        "autoscaling",
+        "v2",
+        "horizontalpodautoscalers",
+        "HorizontalPodAutoscaler",
+        true,
+        &["hpa"],
+        true,
+    ),
     (
         "policy",
         "v1",
@@ -208,7 +218,14 @@ impl Registry {
             .iter()
             .map(
                 |(group, version, plural, kind, namespaced, short, status)| {
-                    let categories = if matches!(*plural, "pods" | "services" | "deployments") {
+                    let categories = if matches!(
+                        *plural,
+                        "pods"
+                            | "services"
+                            | "deployments"
+                            | "daemonsets"
+                            | "horizontalpodautoscalers"
+                    ) {
                         vec!["all".to_string()]
                     } else {
                         vec![]
@@ -382,6 +399,7 @@ mod tests {
         let reg = Registry::builtin();
         for (group, plural, namespaced) in [
             ("apps", "deployments", true),
+            ("apps", "daemonsets", true),
             ("policy", "poddisruptionbudgets", true),
             ("networking.k8s.io", "networkpolicies", true),
             ("rbac.authorization.k8s.io", "clusterroles", false),
@@ -397,6 +415,11 @@ mod tests {
                 .unwrap()
                 .status_subresource
         );
+        let hpa = reg
+            .find("autoscaling", "v2", "horizontalpodautoscalers")
+            .expect("hpa");
+        assert!(hpa.namespaced && hpa.status_subresource);
+        assert_eq!(hpa.short_names, ["hpa"]);
     }
 
     #[test]
