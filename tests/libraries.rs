@@ -320,3 +320,70 @@ fn haproxytech_annotations_redirect_headers_rewrite_allowlist_auth() {
     assert_eq!(r.header("location"), Some("https://redir.test/a/b?c=d"));
     assert_eq!(p.https("redir.test", "/a", &pki.ca, &[]).status, 200);
 }
+
+/// HAProxy bound to its nodes' ports (the chart's `hostNetwork` or `hostPorts` set
+/// `status_node_addresses`): with no other address, Ingress and Gateway status publish the nodes
+/// the HAProxy pods run on, each once; pods not scheduled yet and other pods add nothing.
+#[test]
+fn node_bound_haproxy_publishes_its_nodes_in_status() {
+    let web = Echo::start("web");
+    let pod = |name: &str, component: &str, status: &str| {
+        format!("---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: haptic, labels: {{app.kubernetes.io/component: {component}}}}}\nspec: {{containers: [{{name: haproxy, image: haproxy}}]}}\nstatus: {{{status}}}\n")
+    };
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(&ingress(
+        "app",
+        &format!(
+            "  rules:\n    - host: a.test\n      http: {{paths: [{}]}}\n",
+            path("/", "Prefix", "web")
+        ),
+    ));
+    m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: haproxy}\nspec: {controllerName: haproxy-haptic.org/controller}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: default}\nspec:\n  gatewayClassName: haproxy\n  listeners: [{name: http, protocol: HTTP, port: 80}]\n");
+    m.push_str(&pod("haproxy-b", "haproxy", "phase: Running, hostIP: 192.0.2.20"));
+    m.push_str(&pod("haproxy-a", "haproxy", "phase: Running, hostIP: 192.0.2.10"));
+    m.push_str(&pod("haproxy-c", "haproxy", "phase: Running, hostIP: 192.0.2.10"));
+    m.push_str(&pod("haproxy-pending", "haproxy", "phase: Pending"));
+    m.push_str(&pod("haproxy-odd", "haproxy", "phase: Running, hostIP: 'x y'"));
+    m.push_str(&pod("other", "web", "phase: Running, hostIP: 192.0.2.99"));
+    let fixtures = harness::TempDir::new("node-status-fixtures");
+    std::fs::write(fixtures.path().join("manifests.yaml"), &m).expect("write fixtures");
+    let render = |extra: &[(&str, &str)]| {
+        let out = harness::TempDir::new("node-status-out");
+        harness::render(fixtures.path(), out.path(), &harness::Ports::pick(), extra)
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let status_line = |out: &str, prefix: &str| -> serde_json::Value {
+        let json = out
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} in:\n{out}"));
+        serde_json::from_str(json).expect("status JSON")
+    };
+    let ingress_status = "status networking.k8s.io/v1 Ingress default/app: ";
+    let gateway_status = "status gateway.networking.k8s.io/v1 Gateway default/gw: ";
+
+    let out = render(&[("status_node_addresses", "true")]);
+    assert_eq!(
+        status_line(&out, ingress_status)["loadBalancer"]["ingress"],
+        serde_json::json!([{"ip": "192.0.2.10"}, {"ip": "192.0.2.20"}]),
+        "{out}"
+    );
+    assert_eq!(
+        status_line(&out, gateway_status)["addresses"],
+        serde_json::json!([{"type": "IPAddress", "value": "192.0.2.10"}, {"type": "IPAddress", "value": "192.0.2.20"}]),
+        "{out}"
+    );
+    // Fixed addresses still win over the nodes.
+    let out = render(&[
+        ("status_node_addresses", "true"),
+        ("status_addresses", "[lb.example.com]"),
+    ]);
+    assert_eq!(
+        status_line(&out, ingress_status)["loadBalancer"]["ingress"],
+        serde_json::json!([{"hostname": "lb.example.com"}]),
+        "{out}"
+    );
+    // Off by default: a pod network behind a Service publishes no node.
+    let out = render(&[]);
+    assert!(!out.contains("192.0.2."), "{out}");
+}

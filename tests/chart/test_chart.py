@@ -496,6 +496,11 @@ class Manifests(unittest.TestCase):
         cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
         selector = cfg["podSelector"]["matchLabels"]
         self.assertLessEqual(selector.items(), ds["spec"]["template"]["metadata"]["labels"].items())
+        # Bound to the nodes' ports: with no Service address, status publishes the nodes.
+        self.assertIs(cfg["templatingSettings"]["extraContext"]["status_node_addresses"], True)
+        _, _, docs = render("defaults")
+        cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
+        self.assertIs(cfg["templatingSettings"]["extraContext"]["status_node_addresses"], False)
 
     def test_haproxy_autoscaled_with_host_ports(self):
         _, by_template, docs = render("autoscaled-host-ports")
