@@ -110,6 +110,17 @@ impl Registry {
         self.with(metric.name, metric.help, Kind::Counter, &[], |_| ());
     }
 
+    /// Exports a counter's series at 0 before its first event, so that `increase()` and
+    /// `rate()` see that first event (Prometheus cannot tell a new series' first value from a
+    /// count it missed).
+    pub(crate) fn zero<const N: usize>(&self, metric: &Counter<N>, values: [&str; N]) {
+        self.with(metric.name, metric.help, Kind::Counter, &[], |f| {
+            f.values
+                .entry(labels(&metric.labels, values))
+                .or_insert(0.0);
+        });
+    }
+
     pub(crate) fn inc<const N: usize>(&self, metric: &Counter<N>, values: [&str; N]) {
         self.with(metric.name, metric.help, Kind::Counter, &[], |f| {
             *f.values
@@ -391,7 +402,7 @@ pub(crate) const VALIDATION_DURATION_SECONDS: Histogram<0> = Histogram {
 };
 pub(crate) const RENDER_DURATION_SECONDS: Histogram<0> = Histogram {
     name: "haptic_render_duration_seconds",
-    help: "Time to render every template once.",
+    help: "Time to render every template once (with the passes that leave out failing objects; without haproxy -c).",
     labels: [],
     buckets: DURATION_BUCKETS,
 };

@@ -883,6 +883,12 @@ fn metrics_pass_promtool_and_prometheus_scrapes_them() {
         metric_value(leader, "haptic_resource_objects{type=\"haproxy-pods\"} "),
         2.0
     );
+    // Counters the alerts take increase() of are exported at 0 before their first event.
+    assert_eq!(
+        metric_value(&text, "haptic_webhook_requests_total{result=\"error\"} "),
+        0.0
+    );
+    assert!(metric_value(&text, "haptic_drift_detected_total ") >= 0.0);
 
     // HAProxy's own exporter and stats page on the pods' status port (the chart's PodMonitor
     // scrapes it), after a request has gone through the http frontend.

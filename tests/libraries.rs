@@ -339,19 +339,59 @@ fn node_bound_haproxy_publishes_its_nodes_in_status() {
         ),
     ));
     m.push_str("---\napiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: haproxy}\nspec: {controllerName: haproxy-haptic.org/controller}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: gw, namespace: default}\nspec:\n  gatewayClassName: haproxy\n  listeners: [{name: http, protocol: HTTP, port: 80}]\n");
-    m.push_str(&pod("haproxy-b", "haproxy", "phase: Running, hostIP: 192.0.2.20"));
-    m.push_str(&pod("haproxy-a", "haproxy", "phase: Running, hostIP: 192.0.2.10"));
-    m.push_str(&pod("haproxy-c", "haproxy", "phase: Running, hostIP: 192.0.2.10"));
+    m.push_str(&pod(
+        "haproxy-b",
+        "haproxy",
+        "phase: Running, hostIP: 192.0.2.20",
+    ));
+    m.push_str(&pod(
+        "haproxy-a",
+        "haproxy",
+        "phase: Running, hostIP: 192.0.2.10",
+    ));
+    m.push_str(&pod(
+        "haproxy-c",
+        "haproxy",
+        "phase: Running, hostIP: 192.0.2.10",
+    ));
     m.push_str(&pod("haproxy-pending", "haproxy", "phase: Pending"));
-    m.push_str(&pod("haproxy-odd", "haproxy", "phase: Running, hostIP: 'x y'"));
+    m.push_str(&pod(
+        "haproxy-odd",
+        "haproxy",
+        "phase: Running, hostIP: 'x y'",
+    ));
+    m.push_str(&pod(
+        "haproxy-v6",
+        "haproxy",
+        "phase: Running, hostIP: '2001:db8::1'",
+    ));
+    m.push_str(&pod(
+        "haproxy-failed",
+        "haproxy",
+        "phase: Failed, hostIP: 192.0.2.40",
+    ));
     m.push_str(&pod("other", "web", "phase: Running, hostIP: 192.0.2.99"));
+    m.push_str("---\napiVersion: v1\nkind: Pod\nmetadata: {name: haproxy-gone, namespace: haptic, deletionTimestamp: '2030-01-01T00:00:00Z', labels: {app.kubernetes.io/component: haproxy}}\nspec: {containers: [{name: haproxy, image: haproxy}]}\nstatus: {phase: Running, hostIP: 192.0.2.30}\n");
+    // The HAProxy Service, without and with a load-balancer address.
+    let service = |lb: &str| {
+        format!("---\napiVersion: v1\nkind: Service\nmetadata: {{name: haproxy, namespace: haptic}}\nspec: {{type: LoadBalancer, ports: [{{port: 80}}]}}\nstatus: {{loadBalancer: {{ingress: [{lb}]}}}}\n")
+    };
+    let write = |dir: &harness::TempDir, text: &str| {
+        std::fs::write(dir.path().join("manifests.yaml"), text).expect("write fixtures")
+    };
     let fixtures = harness::TempDir::new("node-status-fixtures");
-    std::fs::write(fixtures.path().join("manifests.yaml"), &m).expect("write fixtures");
-    let render = |extra: &[(&str, &str)]| {
+    write(&fixtures, &(m.clone() + &service("")));
+    let render_in = |fixtures: &harness::TempDir, extra: &[(&str, &str)]| {
         let out = harness::TempDir::new("node-status-out");
-        harness::render(fixtures.path(), out.path(), &harness::Ports::pick(), extra)
+        let mut extra = extra.to_vec();
+        extra.extend([
+            ("haproxy_service_namespace", "haptic"),
+            ("haproxy_service_name", "haproxy"),
+        ]);
+        harness::render(fixtures.path(), out.path(), &harness::Ports::pick(), &extra)
             .unwrap_or_else(|e| panic!("{e}"))
     };
+    let render = |extra: &[(&str, &str)]| render_in(&fixtures, extra);
     let status_line = |out: &str, prefix: &str| -> serde_json::Value {
         let json = out
             .lines()
@@ -365,12 +405,44 @@ fn node_bound_haproxy_publishes_its_nodes_in_status() {
     let out = render(&[("status_node_addresses", "true")]);
     assert_eq!(
         status_line(&out, ingress_status)["loadBalancer"]["ingress"],
-        serde_json::json!([{"ip": "192.0.2.10"}, {"ip": "192.0.2.20"}]),
+        serde_json::json!([{"ip": "192.0.2.10"}, {"ip": "192.0.2.20"}, {"ip": "2001:db8::1"}]),
         "{out}"
     );
     assert_eq!(
         status_line(&out, gateway_status)["addresses"],
-        serde_json::json!([{"type": "IPAddress", "value": "192.0.2.10"}, {"type": "IPAddress", "value": "192.0.2.20"}]),
+        serde_json::json!([{"type": "IPAddress", "value": "192.0.2.10"}, {"type": "IPAddress", "value": "192.0.2.20"}, {"type": "IPAddress", "value": "2001:db8::1"}]),
+        "{out}"
+    );
+    // A load-balancer address on the HAProxy Service wins over the nodes.
+    let with_lb = harness::TempDir::new("node-status-lb");
+    write(&with_lb, &(m.clone() + &service("{ip: 203.0.113.5}")));
+    let out = render_in(&with_lb, &[("status_node_addresses", "true")]);
+    assert_eq!(
+        status_line(&out, ingress_status)["loadBalancer"]["ingress"],
+        serde_json::json!([{"ip": "203.0.113.5"}]),
+        "{out}"
+    );
+    // A Gateway's status holds at most 16 addresses (the API's limit); the Ingress's all.
+    let many = harness::TempDir::new("node-status-many");
+    let mut text = m.clone() + &service("");
+    for i in 1..=20 {
+        text.push_str(&pod(
+            &format!("haproxy-n{i}"),
+            "haproxy",
+            &format!("phase: Running, hostIP: 198.51.100.{i}"),
+        ));
+    }
+    write(&many, &text);
+    let out = render_in(&many, &[("status_node_addresses", "true")]);
+    let count = |v: &serde_json::Value| v.as_array().map(Vec::len).unwrap_or_default();
+    assert_eq!(
+        count(&status_line(&out, gateway_status)["addresses"]),
+        16,
+        "{out}"
+    );
+    assert_eq!(
+        count(&status_line(&out, ingress_status)["loadBalancer"]["ingress"]),
+        23,
         "{out}"
     );
     // Fixed addresses still win over the nodes.

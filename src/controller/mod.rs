@@ -389,13 +389,19 @@ fn controller_metrics() -> Registry {
         [env!("CARGO_PKG_VERSION"), env!("HAPTIC_GIT_COMMIT")],
         1.0,
     );
-    metrics.describe(&RECONCILIATION_TOTAL);
-    metrics.describe(&RECONCILIATION_ERRORS_TOTAL);
-    metrics.describe(&LEADER_ELECTION_TRANSITIONS_TOTAL);
-    metrics.describe(&WEBHOOK_REQUESTS_TOTAL);
+    // Counters the chart's alerts take `increase()` of start at 0 with every label value.
+    metrics.zero(&RECONCILIATION_TOTAL, []);
+    for stage in [Stage::Render, Stage::Validate] {
+        metrics.zero(&RECONCILIATION_ERRORS_TOTAL, [stage.as_str()]);
+    }
+    metrics.zero(&LEADER_ELECTION_TRANSITIONS_TOTAL, []);
+    for result in ["allowed", "denied", "error"] {
+        metrics.zero(&WEBHOOK_REQUESTS_TOTAL, [result]);
+    }
     metrics.describe(&DEPLOYMENT_TOTAL);
-    metrics.describe(&DEPLOYMENT_ERRORS_TOTAL);
-    metrics.describe(&CONFIG_ERRORS_TOTAL);
+    metrics.zero(&DEPLOYMENT_ERRORS_TOTAL, []);
+    metrics.zero(&DRIFT_DETECTED_TOTAL, []);
+    metrics.zero(&CONFIG_ERRORS_TOTAL, []);
     metrics.set(&crate::metrics::LEADER_ELECTION_IS_LEADER, [], 0.0);
     metrics.set(&crate::metrics::ADMITTED_PODS, [], 0.0);
     metrics.set(
