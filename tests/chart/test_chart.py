@@ -1141,6 +1141,7 @@ class Config(unittest.TestCase):
                     "gateway_controller": v["gatewayClass"]["controllerName"],
                     "haproxy_service_namespace": NAMESPACE,
                     "haproxy_service_name": f"{FULLNAME}-haproxy",
+                    "status_node_addresses": bool(v["haproxy"]["hostNetwork"] or v["haproxy"]["hostPorts"]),
                 }
             },
             "validationTests": None,
@@ -1177,7 +1178,8 @@ class Config(unittest.TestCase):
         return cfg["spec"]
 
     def test_config_equals_haptic_config_merge(self):
-        for variant in ["defaults", "libraries-toggled", "base-only", "single-replica", "user-overrides", "high-ports-capability"]:
+        for variant in ["defaults", "libraries-toggled", "base-only", "single-replica", "user-overrides", "high-ports-capability",
+                        "daemonset-host-network"]:
             with self.subTest(variant=variant):
                 self.check(variant)
 
