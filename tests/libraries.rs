@@ -422,6 +422,27 @@ fn node_bound_haproxy_publishes_its_nodes_in_status() {
         serde_json::json!([{"ip": "203.0.113.5"}]),
         "{out}"
     );
+    // So do the Service's external IPs, for the Gateway as for the Ingress.
+    let external = harness::TempDir::new("node-status-external");
+    write(
+        &external,
+        &(m.clone()
+            + &service("").replace(
+                "spec: {type: LoadBalancer, ",
+                "spec: {type: LoadBalancer, externalIPs: [198.18.0.7], ",
+            )),
+    );
+    let out = render_in(&external, &[("status_node_addresses", "true")]);
+    assert_eq!(
+        status_line(&out, ingress_status)["loadBalancer"]["ingress"],
+        serde_json::json!([{"ip": "198.18.0.7"}]),
+        "{out}"
+    );
+    assert_eq!(
+        status_line(&out, gateway_status)["addresses"],
+        serde_json::json!([{"type": "IPAddress", "value": "198.18.0.7"}]),
+        "{out}"
+    );
     // A Gateway's status holds at most 16 addresses (the API's limit); the Ingress's all.
     let many = harness::TempDir::new("node-status-many");
     let mut text = m.clone() + &service("");
