@@ -87,6 +87,11 @@ impl Args {
 
 fn main() {
     let raw: Vec<String> = std::env::args().skip(1).collect();
+    // `haptic-agent serve --help` as well as `haptic-agent --help`.
+    if raw.iter().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return;
+    }
     let result = match raw.first().map(String::as_str) {
         Some("serve") => serve(&raw[1..]),
         Some("init") => init(&raw[1..]),

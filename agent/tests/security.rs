@@ -311,3 +311,25 @@ fn idle_unauthenticated_connections_do_not_lock_the_controller_out() {
         }
     }
 }
+
+/// `--help` after a subcommand prints the usage (it used to be taken for a flag missing its
+/// value), and exits 0 without starting anything.
+#[test]
+fn help_after_a_subcommand_prints_the_usage() {
+    for args in [&["serve", "--help"][..], &["init", "-h"], &["--help"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("haptic-agent serve --config-dir"),
+            "{args:?}: {stdout}"
+        );
+    }
+}

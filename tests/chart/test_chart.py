@@ -114,7 +114,6 @@ VARIANTS = {
             "webhookFrom": [{"ipBlock": {"cidr": "172.20.0.0/28"}}],
             "statusFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}, {"ipBlock": {"cidr": "10.0.0.0/8"}}],
         },
-        "haproxy": {"stats": False},
     },
     "high-ports-capability": {
         "haproxy": {"ports": {"http": 8080, "https": 8443}, "privilegedPorts": "capability"},
@@ -553,6 +552,17 @@ class Manifests(unittest.TestCase):
         pod = one(docs, "Deployment", f"{FULLNAME}-haproxy")["spec"]["template"]["spec"]
         self.assertNotIn("sysctls", pod["securityContext"])
         self.assertIs(pod["hostNetwork"], True)
+        self.assertIn("monitoring.podMonitor scrapes HAProxy's /metrics, which haproxy.stats: false turns off",
+                      self.render_refused({"haproxy": {"stats": False}, "monitoring": {"podMonitor": {"enabled": True}}}))
+        self.assertIn("controller.leaderElection.enabled: false needs controller.replicaCount: 1",
+                      self.render_refused({"controller": {"leaderElection": {"enabled": False}}}))
+        # One controller without election: the old one stops before the new one starts.
+        _, _, docs = render("single-replica")
+        self.assertEqual(one(docs, "Deployment", f"{FULLNAME}-controller")["spec"]["strategy"]["rollingUpdate"],
+                         {"maxUnavailable": 1, "maxSurge": 0})
+        _, _, docs = render("defaults")
+        self.assertEqual(one(docs, "Deployment", f"{FULLNAME}-controller")["spec"]["strategy"]["rollingUpdate"],
+                         {"maxUnavailable": 0, "maxSurge": 1})
         for bad in [{"haproxy": {"kind": "StatefulSet"}}, {"haproxy": {"maxUnavailable": 0}},
                     {"haproxy": {"maxUnavailable": "0%"}},
                     {"haproxy": {"autoscaling": {"enabled": True, "targetCPUUtilizationPercentage": 0}}}]:
@@ -1208,7 +1218,8 @@ class Config(unittest.TestCase):
         ctx = spec["templatingSettings"]["extraContext"]
         self.assertEqual((ctx["http_port"], ctx["https_port"], ctx["status_port"]), (8080, 8443, 8404))
         self.assertIs(ctx["status_stats"], True, "stats and the exporter are on by default")
-        self.assertIs(self.check("everything")["templatingSettings"]["extraContext"]["status_stats"], False)
+        spec = self.check("defaults", {"haproxy": {"stats": False}})
+        self.assertIs(spec["templatingSettings"]["extraContext"]["status_stats"], False)
         spec = self.check("user-overrides")
         self.assertEqual(spec["templatingSettings"]["extraContext"]["http_port"], 8081)
         self.assertEqual(spec["templatingSettings"]["extraContext"]["custom_key"], "custom")
