@@ -85,7 +85,7 @@ for n in 0 1; do
   pids+=($!)
   POD_IP=$ip "$bin/haptic-agent" serve --config-dir "$dir/etc" --master-socket "$dir/master.sock" --haproxy-bin haproxy \
     --listen "$ip:$agent_port" --probe-listen "$ip:0" --tls-cert "$work/certs/agent.crt" --tls-key "$work/certs/agent.key" \
-    --client-ca "$work/certs/ca.crt" --log-level warn 2>>"$work/agent-$n.log" &
+    --client-ca "$work/certs/ca.crt" --client-name haptic-controller --log-level warn 2>>"$work/agent-$n.log" &
   pids+=($!)
   k apply --validate=false -f - >/dev/null <<YAML
 apiVersion: v1

@@ -3,7 +3,7 @@
 //! ```text
 //! haptic-agent serve --config-dir DIR --master-socket PATH [--worker-socket PATH]
 //!                    [--haproxy-bin PATH] [--listen ADDR] [--probe-listen ADDR]
-//!                    --tls-cert F --tls-key F --client-ca F
+//!                    --tls-cert F --tls-key F --client-ca F [--client-name NAME]
 //!                    | --insecure-http-with-basic-auth --credentials PATH
 //!                    [--max-body-bytes N] [--reload-timeout-secs N] [--log-level LEVEL]
 //! haptic-agent init --bootstrap FILE --config-dir DIR
@@ -26,7 +26,8 @@ use haptic_agent::tls::{ReloadingTls, TlsFiles};
 const USAGE: &str = "usage:
   haptic-agent serve --config-dir DIR --master-socket PATH [--worker-socket PATH]
                      [--haproxy-bin PATH] [--listen ADDR] [--probe-listen ADDR]
-                     (--tls-cert F --tls-key F --client-ca F | --insecure-http-with-basic-auth --credentials PATH)
+                     (--tls-cert F --tls-key F --client-ca F [--client-name NAME]
+                      | --insecure-http-with-basic-auth --credentials PATH)
                      [--max-body-bytes N] [--reload-timeout-secs N] [--log-level error|warn|info|debug]
   haptic-agent init --bootstrap FILE --config-dir DIR";
 
@@ -148,6 +149,7 @@ fn serve(raw: &[String]) -> Result<(), String> {
         "--tls-cert",
         "--tls-key",
         "--client-ca",
+        "--client-name",
         "--credentials",
         "--max-body-bytes",
         "--reload-timeout-secs",
@@ -178,6 +180,7 @@ fn serve(raw: &[String]) -> Result<(), String> {
             cert: args.required("--tls-cert")?.into(),
             key: args.required("--tls-key")?.into(),
             client_ca: args.required("--client-ca")?.into(),
+            client_name: args.get("--client-name").map(str::to_string),
         };
         Transport::MutualTls(Arc::new(ReloadingTls::new(files)?))
     };

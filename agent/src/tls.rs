@@ -11,10 +11,15 @@ use std::sync::Arc;
 
 use crate::reload::Reloading;
 
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{
+    CertificateError, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
+    SignatureScheme,
+};
 
 /// The certificate files of the TLS listener.
 #[derive(Debug, Clone)]
@@ -22,6 +27,10 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub client_ca: PathBuf,
+    /// The name a client certificate must carry (`--client-name`), besides chaining to the
+    /// client CA: one CA often issues the agents' own certificates too, which must not pass
+    /// for the controller's.
+    pub client_name: Option<String>,
 }
 
 /// A rustls server configuration that follows its files.
@@ -80,9 +89,16 @@ pub fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
             .add(ca)
             .map_err(|e| format!("client CA {}: {e}", files.client_ca.display()))?;
     }
-    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .build()
-        .map_err(|e| format!("client certificate verifier: {e}"))?;
+    let mut verifier =
+        WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+            .build()
+            .map_err(|e| format!("client certificate verifier: {e}"))?;
+    if let Some(name) = &files.client_name {
+        verifier = Arc::new(NamedClient {
+            inner: verifier,
+            name: name.to_ascii_lowercase(),
+        });
+    }
     let config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS versions: {e}"))?
@@ -96,4 +112,201 @@ pub fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
             )
         })?;
     Ok(Arc::new(config))
+}
+
+/// A client verifier that also requires the client certificate to name one client: a DNS
+/// name of its subjectAltName equal to `name`, or, for a certificate without subjectAltName (as
+/// the chart issued before it added one), a subject common name equal to `name`.
+#[derive(Debug)]
+struct NamedClient {
+    inner: Arc<dyn ClientCertVerifier>,
+    name: String,
+}
+
+impl ClientCertVerifier for NamedClient {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        // The chain first: only a certificate our CA signed is worth reading.
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if names(end_entity, &self.name) {
+            Ok(verified)
+        } else {
+            log::warn!(
+                "refused a client certificate of the client CA that does not name {}",
+                self.name
+            );
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// Whether a DER certificate names `name` (lowercase): see [`NamedClient`]. Anything it cannot
+/// read names nobody.
+fn names(cert: &[u8], name: &str) -> bool {
+    let Some(fields) = der::tbs_fields(cert) else {
+        return false;
+    };
+    match fields.san_dns {
+        Some(dns) => dns.iter().any(|d| d.eq_ignore_ascii_case(name.as_bytes())),
+        None => fields
+            .subject_cn
+            .is_some_and(|cn| cn.eq_ignore_ascii_case(name.as_bytes())),
+    }
+}
+
+/// Just enough DER to read a certificate's subject common name and subjectAltName DNS names
+/// (RFC 5280 §4.1). Only certificates the client CA signed reach it.
+mod der {
+    const SEQUENCE: u8 = 0x30;
+    const SET: u8 = 0x31;
+    const OID: u8 = 0x06;
+    const OCTET_STRING: u8 = 0x04;
+    const BOOLEAN: u8 = 0x01;
+    const EXTENSIONS: u8 = 0xa3;
+    const DNS_NAME: u8 = 0x82;
+    const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
+    const OID_SAN: &[u8] = &[0x55, 0x1d, 0x11];
+
+    /// One element: (tag, content, what follows).
+    fn next(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, rest) = input.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        let (len, rest) = if first < 0x80 {
+            (first as usize, rest)
+        } else {
+            let n = (first & 0x7f) as usize;
+            if n == 0 || n > 4 || rest.len() < n {
+                return None;
+            }
+            let len = rest[..n]
+                .iter()
+                .fold(0usize, |acc, &b| acc << 8 | b as usize);
+            (len, &rest[n..])
+        };
+        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+    }
+
+    /// The content of an element that must have `tag`.
+    fn expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+        let (t, content, rest) = next(input)?;
+        (t == tag).then_some((content, rest))
+    }
+
+    /// The elements of a constructed content.
+    fn items(mut input: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+        std::iter::from_fn(move || {
+            let (tag, content, rest) = next(input)?;
+            input = rest;
+            Some((tag, content))
+        })
+    }
+
+    pub(super) struct Fields<'a> {
+        pub subject_cn: Option<&'a [u8]>,
+        /// `None` without a subjectAltName extension.
+        pub san_dns: Option<Vec<&'a [u8]>>,
+    }
+
+    pub(super) fn tbs_fields(cert: &[u8]) -> Option<Fields<'_>> {
+        let (certificate, _) = expect(cert, SEQUENCE)?;
+        let (tbs, _) = expect(certificate, SEQUENCE)?;
+        let mut fields = items(tbs).peekable();
+        // [0] version, serialNumber, signature, issuer, validity, subject.
+        if fields.peek().is_some_and(|(tag, _)| *tag == 0xa0) {
+            fields.next();
+        }
+        let mut fields = fields.skip(4);
+        let (tag, subject) = fields.next()?;
+        if tag != SEQUENCE {
+            return None;
+        }
+        let mut subject_cn = None;
+        for (tag, rdn) in items(subject) {
+            if tag != SET {
+                return None;
+            }
+            for (tag, atv) in items(rdn) {
+                if tag != SEQUENCE {
+                    return None;
+                }
+                let (oid, value) = expect(atv, OID)?;
+                if oid == OID_CN {
+                    subject_cn = Some(next(value)?.1);
+                }
+            }
+        }
+        let mut san_dns = None;
+        for (tag, content) in fields {
+            if tag != EXTENSIONS {
+                continue;
+            }
+            let (list, _) = expect(content, SEQUENCE)?;
+            for (tag, ext) in items(list) {
+                if tag != SEQUENCE {
+                    return None;
+                }
+                let (oid, mut rest) = expect(ext, OID)?;
+                if let Some((_, after)) = expect(rest, BOOLEAN) {
+                    rest = after;
+                }
+                if oid != OID_SAN {
+                    continue;
+                }
+                let (value, _) = expect(rest, OCTET_STRING)?;
+                let (names, _) = expect(value, SEQUENCE)?;
+                san_dns = Some(
+                    items(names)
+                        .filter(|(tag, _)| *tag == DNS_NAME)
+                        .map(|(_, name)| name)
+                        .collect(),
+                );
+            }
+        }
+        Some(Fields {
+            subject_cn,
+            san_dns,
+        })
+    }
 }

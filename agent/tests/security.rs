@@ -333,3 +333,139 @@ fn help_after_a_subcommand_prints_the_usage() {
         );
     }
 }
+
+/// With `--client-name`, a certificate of the client CA must also name the controller: the
+/// chart's CA issues the agents' own certificates too (with Helm's generator, usable as client
+/// certificates), and a pod holding one must not pass for the controller. A certificate without
+/// subjectAltName, as the chart issued before, is read by its common name.
+#[test]
+fn mtls_with_a_client_name_refuses_other_certificates_of_the_same_ca() {
+    use ureq::tls::{Certificate, ClientCert as UreqCert, PrivateKey, RootCerts, TlsConfig};
+    let env = Env::start(Options {
+        agent_args: vec!["--client-name".into(), "haptic-controller".into()],
+        ..Options::default()
+    });
+    let ca_dir = &certs().dir;
+    let dir = env.root.join("issued");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A client certificate of the same CA: CN `cn`, extensions `ext` (an openssl extfile).
+    let issue = |name: &str, cn: &str, ext: &str| -> ureq::Agent {
+        let (key, csr, crt, extfile) = (
+            dir.join(format!("{name}.key")),
+            dir.join(format!("{name}.csr")),
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.ext")),
+        );
+        std::fs::write(&extfile, ext).unwrap();
+        let run = |args: &[&std::ffi::OsStr]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let s = |p: &std::path::Path| p.as_os_str().to_owned();
+        run(&[
+            "genpkey".as_ref(),
+            "-algorithm".as_ref(),
+            "EC".as_ref(),
+            "-pkeyopt".as_ref(),
+            "ec_paramgen_curve:P-256".as_ref(),
+            "-out".as_ref(),
+            &s(&key),
+        ]);
+        run(&[
+            "req".as_ref(),
+            "-new".as_ref(),
+            "-key".as_ref(),
+            &s(&key),
+            "-subj".as_ref(),
+            format!("/CN={cn}").as_ref(),
+            "-out".as_ref(),
+            &s(&csr),
+        ]);
+        run(&[
+            "x509".as_ref(),
+            "-req".as_ref(),
+            "-in".as_ref(),
+            &s(&csr),
+            "-CA".as_ref(),
+            &s(&ca_dir.join("ca.crt")),
+            "-CAkey".as_ref(),
+            &s(&ca_dir.join("ca.key")),
+            "-set_serial".as_ref(),
+            "7".as_ref(),
+            "-days".as_ref(),
+            "2".as_ref(),
+            "-extfile".as_ref(),
+            &s(&extfile),
+            "-out".as_ref(),
+            &s(&crt),
+        ]);
+        let read = |p: &std::path::Path| std::fs::read(p).unwrap();
+        let tls = TlsConfig::builder()
+            .root_certs(RootCerts::new_with_certs(&[Certificate::from_pem(&read(
+                &ca_dir.join("ca.crt"),
+            ))
+            .unwrap()]))
+            .client_cert(Some(UreqCert::new_with_certs(
+                &[Certificate::from_pem(&read(&crt)).unwrap()],
+                PrivateKey::from_pem(&read(&key)).unwrap(),
+            )))
+            .build();
+        ureq::Agent::config_builder()
+            .tls_config(tls)
+            .http_status_as_error(false)
+            .build()
+            .into()
+    };
+    let both = "extendedKeyUsage=clientAuth,serverAuth\nbasicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n";
+    let url = env.url("/v1/state");
+    let status = |agent: &ureq::Agent| agent.get(&url).call().map(|r| r.status().as_u16()).ok();
+    // Refused: an agent's certificate (as Helm issues it, for both uses), and one that names
+    // the controller only in its CN while its subjectAltName names another.
+    let agent_like = issue(
+        "agent-like",
+        "haptic-agent",
+        &format!("subjectAltName=DNS:haptic-agent\n{both}"),
+    );
+    assert_eq!(
+        status(&agent_like),
+        None,
+        "an agent's certificate passed for the controller"
+    );
+    let cn_only = issue(
+        "cn-only",
+        "haptic-controller",
+        &format!("subjectAltName=DNS:other.example\n{both}"),
+    );
+    assert_eq!(
+        status(&cn_only),
+        None,
+        "a CN without a matching subjectAltName passed"
+    );
+    // Accepted: the controller's certificate (scripts/gen-certs.sh: subjectAltName), one whose
+    // name differs in case, and a certificate without subjectAltName whose CN names it.
+    assert_eq!(status(&env.client), Some(200));
+    let upper = issue(
+        "upper",
+        "x",
+        &format!("subjectAltName=DNS:HAPTIC-Controller\n{both}"),
+    );
+    assert_eq!(status(&upper), Some(200));
+    let legacy = issue("legacy", "haptic-controller", both);
+    assert_eq!(
+        status(&legacy),
+        Some(200),
+        "a certificate of the chart before subjectAltName"
+    );
+    assert!(
+        env.agent_log().contains("does not name haptic-controller"),
+        "the refusal is logged: {}",
+        env.agent_log()
+    );
+}

@@ -278,7 +278,7 @@ Cached in .Values so every template sees the same material within one render.
 {{- $ca := genCA (printf "%s-ca" (include "haptic.fullname" .)) $days -}}
 {{- $svc := include "haptic.webhookService" . -}}
 {{- $server := genSignedCert "haptic-agent" nil (list "haptic-agent") $days $ca -}}
-{{- $client := genSignedCert "haptic-controller" nil nil $days $ca -}}
+{{- $client := genSignedCert "haptic-controller" nil (list "haptic-controller") $days $ca -}}
 {{- $webhook := genSignedCert (printf "%s.%s.svc" $svc $ns) nil (list $svc (printf "%s.%s" $svc $ns) (printf "%s.%s.svc" $svc $ns) (printf "%s.%s.svc.cluster.local" $svc $ns)) $days $ca -}}
 {{- $certs = dict "ca" $ca.Cert
       "agentServer" (dict "crt" $server.Cert "key" $server.Key)

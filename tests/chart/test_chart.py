@@ -420,6 +420,7 @@ class Manifests(unittest.TestCase):
         self.assertEqual(flags["--probe-listen"], "0.0.0.0:5556")
         self.assertEqual(flags["--tls-cert"], "/etc/haptic/agent-tls/tls.crt")
         self.assertEqual(flags["--client-ca"], "/etc/haptic/agent-tls/ca.crt")
+        self.assertEqual(flags["--client-name"], "haptic-controller")
         self.assertEqual({p["name"]: p["containerPort"] for p in agent["ports"]}, {"agent": 5555, "agent-probes": 5556})
         self.assertEqual(agent["livenessProbe"]["httpGet"]["port"], "agent-probes")
         # The config directory is shared; HAProxy only reads it.
@@ -1032,7 +1033,8 @@ class Certificates(unittest.TestCase):
             (Path(d) / "ca.crt").write_text(ca)
             checks = [
                 (f"{FULLNAME}-agent-server-tls", "haptic-agent", "sslserver"),
-                (f"{FULLNAME}-agent-client-tls", None, "sslclient"),
+                # The agents accept only a client certificate naming the controller.
+                (f"{FULLNAME}-agent-client-tls", "haptic-controller", "sslclient"),
                 (f"{FULLNAME}-webhook-tls", f"{FULLNAME}-controller.{NAMESPACE}.svc", "sslserver"),
             ]
             for secret, host, purpose in checks:
@@ -1061,6 +1063,7 @@ class Certificates(unittest.TestCase):
                 self.assertIn(f"{FULLNAME}-{secret}", certs)
             self.assertEqual(certs[f"{FULLNAME}-agent-server-tls"]["spec"]["dnsNames"], ["haptic-agent"])
             self.assertIn("client auth", certs[f"{FULLNAME}-agent-client-tls"]["spec"]["usages"])
+            self.assertEqual(certs[f"{FULLNAME}-agent-client-tls"]["spec"]["dnsNames"], ["haptic-controller"])
             self.assertIn(f"{FULLNAME}-controller.{NAMESPACE}.svc", certs[f"{FULLNAME}-webhook-tls"]["spec"]["dnsNames"])
             webhook = one(docs, "ValidatingWebhookConfiguration", f"{FULLNAME}-{NAMESPACE}")
             self.assertEqual(

@@ -310,6 +310,9 @@ impl HaproxyPod {
                 path("agent.key"),
                 "--client-ca".into(),
                 path("ca.crt"),
+                // As the chart starts them: only the controller's certificate.
+                "--client-name".into(),
+                "haptic-controller".into(),
             ]
         }
     }
