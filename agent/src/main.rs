@@ -19,7 +19,7 @@ use std::time::Duration;
 use haptic_agent::apply::Agent;
 use haptic_agent::haproxy::Haproxy;
 use haptic_agent::http::Limits;
-use haptic_agent::server::{self, Credentials, ServerLimits, Transport};
+use haptic_agent::server::{self, CredentialFiles, ServerLimits, Transport};
 use haptic_agent::state::StateDir;
 use haptic_agent::tls::{ReloadingTls, TlsFiles};
 
@@ -116,27 +116,6 @@ fn setup_logging(level: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
-fn read_credentials(path: &str) -> Result<Credentials, String> {
-    let p = PathBuf::from(path);
-    let read =
-        |p: PathBuf| std::fs::read_to_string(&p).map_err(|e| format!("read {}: {e}", p.display()));
-    if p.is_dir() {
-        // A mounted Secret: one file per key.
-        let username = read(p.join("username"))?.trim().to_string();
-        let password = read(p.join("password"))?.trim().to_string();
-        return Ok(Credentials { username, password });
-    }
-    let text = read(p)?;
-    let (username, password) = text
-        .trim()
-        .split_once(':')
-        .ok_or_else(|| format!("{path}: expected username:password"))?;
-    Ok(Credentials {
-        username: username.into(),
-        password: password.into(),
-    })
-}
-
 fn serve(raw: &[String]) -> Result<(), String> {
     let args = Args::parse(raw, &["--insecure-http-with-basic-auth"])?;
     args.check_known(&[
@@ -170,7 +149,7 @@ fn serve(raw: &[String]) -> Result<(), String> {
         reload_timeout: Duration::from_secs(reload_secs),
     };
     let transport = if args.has("--insecure-http-with-basic-auth") {
-        let creds = read_credentials(args.required("--credentials")?)?;
+        let creds = CredentialFiles::new(PathBuf::from(args.required("--credentials")?))?;
         log::warn!(
             "serving the API over plain HTTP with basic auth (--insecure-http-with-basic-auth)"
         );

@@ -6,6 +6,7 @@
 
 use std::io::{BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use crate::accept::{complete_handshake, ConnectionGate};
 use crate::apply::{Agent, ApplyRequest};
 use crate::http::{self, Head, Limits, ReadError, Response};
 use crate::protocol::{api, Bundle, WireBundle};
+use crate::reload::Reloading;
 use crate::tls::ReloadingTls;
 
 /// Username and password of the legacy plain-HTTP mode.
@@ -24,13 +26,70 @@ pub struct Credentials {
     pub password: String,
 }
 
+/// Credentials that follow their files: a mounted Secret (a directory with `username` and
+/// `password`) or a `username:password` file, re-read when it changes, as the controller
+/// re-reads its own copy; a change that cannot be read keeps the previous credentials.
+pub struct CredentialFiles {
+    path: PathBuf,
+    current: Reloading<Arc<Credentials>>,
+}
+
+impl CredentialFiles {
+    pub fn new(path: PathBuf) -> Result<CredentialFiles, String> {
+        let paths = if path.is_dir() {
+            vec![path.join("username"), path.join("password")]
+        } else {
+            vec![path.clone()]
+        };
+        let files = CredentialFiles {
+            current: Reloading::new(paths),
+            path,
+        };
+        files.current.get(|_| read_credentials(&files.path))?;
+        Ok(files)
+    }
+
+    pub fn current(&self) -> Arc<Credentials> {
+        self.current
+            .get(|_| {
+                let creds = read_credentials(&self.path)?;
+                log::info!("reloaded credentials from {}", self.path.display());
+                Ok(creds)
+            })
+            .expect("CredentialFiles::new read them once")
+    }
+}
+
+fn read_credentials(path: &Path) -> Result<Arc<Credentials>, String> {
+    let read =
+        |p: PathBuf| std::fs::read_to_string(&p).map_err(|e| format!("read {}: {e}", p.display()));
+    let (username, password) = if path.is_dir() {
+        // A mounted Secret: one file per key.
+        (
+            read(path.join("username"))?.trim().to_string(),
+            read(path.join("password"))?.trim().to_string(),
+        )
+    } else {
+        let text = read(path.to_path_buf())?;
+        let (u, p) = text
+            .trim()
+            .split_once(':')
+            .ok_or_else(|| format!("{}: expected username:password", path.display()))?;
+        (u.to_string(), p.to_string())
+    };
+    if username.is_empty() || password.is_empty() {
+        return Err(format!("{}: empty username or password", path.display()));
+    }
+    Ok(Arc::new(Credentials { username, password }))
+}
+
 /// How API clients prove who they are.
 #[derive(Clone)]
 pub enum Transport {
     /// HTTPS; the client certificate must chain to the configured CA.
     MutualTls(Arc<ReloadingTls>),
     /// Plain HTTP with `Authorization: Basic` (only when explicitly enabled).
-    InsecureBasicAuth(Arc<Credentials>),
+    InsecureBasicAuth(Arc<CredentialFiles>),
 }
 
 /// Connection handling limits.
@@ -73,7 +132,7 @@ pub fn serve_api(
         Transport::InsecureBasicAuth(creds) => {
             let mut reader = BufReader::new(stream);
             handle(&mut reader, &limits, |head, body| {
-                if !authorized(head, creds) {
+                if !authorized(head, &creds.current()) {
                     return Response::error(
                         401,
                         "unauthorized",

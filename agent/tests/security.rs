@@ -205,6 +205,32 @@ fn insecure_basic_auth_mode_requires_the_credentials() {
             .as_u16(),
         200
     );
+    // A rotated Secret is followed without a restart, as the controller follows its copy; a
+    // rotation that leaves the password empty keeps the last good credentials.
+    std::fs::write(creds.join("password.new"), "n3w-secret\n").unwrap();
+    std::fs::rename(creds.join("password.new"), creds.join("password")).unwrap();
+    let rotated = format!(
+        "Basic {}",
+        haptic_agent::base64::encode(b"admin:n3w-secret")
+    );
+    let status = |auth: &str| {
+        plain
+            .get(&url)
+            .header("Authorization", auth)
+            .call()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!((status(&rotated), status(&right)), (200, 401));
+    std::fs::write(creds.join("password.new"), "").unwrap();
+    std::fs::rename(creds.join("password.new"), creds.join("password")).unwrap();
+    assert_eq!(status(&rotated), 200, "an empty password was taken");
+    assert_eq!(
+        status("Basic YWRtaW46"),
+        401,
+        "admin with an empty password"
+    );
 }
 
 #[test]
