@@ -184,6 +184,9 @@ templatingSettings:
     http_port: {{ .Values.haproxy.ports.http }}
     https_port: {{ .Values.haproxy.ports.https }}
     status_port: {{ .Values.haproxy.ports.status }}
+    {{- /* The ports clients use: the Service's, or the pods' own when they hold their nodes' ports */}}
+    public_http_port: {{ ternary .Values.haproxy.ports.http .Values.haproxy.service.port.http (or .Values.haproxy.hostNetwork .Values.haproxy.hostPorts) | int }}
+    public_https_port: {{ ternary .Values.haproxy.ports.https .Values.haproxy.service.port.https (or .Values.haproxy.hostNetwork .Values.haproxy.hostPorts) | int }}
     status_stats: {{ .Values.haproxy.stats }}
     {{- /* Gateway listeners on other ports: exactly the ports the Service and pods expose;
         never the agent's or the controller's ports */}}

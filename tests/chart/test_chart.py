@@ -1106,6 +1106,7 @@ class Config(unittest.TestCase):
     def chart_fragment(self, values):
         v = deep_merge(yaml.safe_load((CHART / "values.yaml").read_text()), values)
         h = v["haproxy"]["ports"]
+        on_node = v["haproxy"]["hostNetwork"] or v["haproxy"]["hostPorts"]
         le = v["controller"]["leaderElection"]
         return {
             "credentialsSecretRef": {"name": f"{FULLNAME}-credentials"},
@@ -1155,6 +1156,8 @@ class Config(unittest.TestCase):
                     "haproxy_service_namespace": NAMESPACE,
                     "haproxy_service_name": f"{FULLNAME}-haproxy",
                     "status_node_addresses": bool(v["haproxy"]["hostNetwork"] or v["haproxy"]["hostPorts"]),
+                    "public_http_port": (v["haproxy"]["ports"] if on_node else v["haproxy"]["service"]["port"])["http"],
+                    "public_https_port": (v["haproxy"]["ports"] if on_node else v["haproxy"]["service"]["port"])["https"],
                 }
             },
             "validationTests": None,
@@ -1220,6 +1223,13 @@ class Config(unittest.TestCase):
         spec = self.check("high-ports-capability")
         ctx = spec["templatingSettings"]["extraContext"]
         self.assertEqual((ctx["http_port"], ctx["https_port"], ctx["status_port"]), (8080, 8443, 8404))
+        # Clients reach the Service's ports (redirects and Gateway listeners use them), or the
+        # pods' own when they hold their nodes' ports.
+        self.assertEqual((ctx["public_http_port"], ctx["public_https_port"]), (80, 443))
+        ctx = self.check("defaults", {"haproxy": {"service": {"port": {"http": 8000, "https": 8443}}}})["templatingSettings"]["extraContext"]
+        self.assertEqual((ctx["public_http_port"], ctx["public_https_port"]), (8000, 8443))
+        ctx = self.check("high-ports-capability", {"haproxy": {"hostPorts": True}})["templatingSettings"]["extraContext"]
+        self.assertEqual((ctx["public_http_port"], ctx["public_https_port"]), (8080, 8443))
         self.assertIs(ctx["status_stats"], True, "stats and the exporter are on by default")
         spec = self.check("defaults", {"haproxy": {"stats": False}})
         self.assertIs(spec["templatingSettings"]["extraContext"]["status_stats"], False)
