@@ -159,7 +159,17 @@ fn serve(raw: &[String]) -> Result<(), String> {
             cert: args.required("--tls-cert")?.into(),
             key: args.required("--tls-key")?.into(),
             client_ca: args.required("--client-ca")?.into(),
-            client_name: args.get("--client-name").map(str::to_string),
+            client_name: match args.get("--client-name") {
+                Some(n)
+                    if n.is_empty()
+                        || !n
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') =>
+                {
+                    return Err(format!("--client-name {n:?}: expected a DNS name"));
+                }
+                n => n.map(str::to_string),
+            },
         };
         Transport::MutualTls(Arc::new(ReloadingTls::new(files)?))
     };

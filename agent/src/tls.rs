@@ -111,6 +111,11 @@ pub fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
                 files.key.display()
             )
         })?;
+    // No resumption: a resumed session skips the client certificate's checks (its expiry and
+    // name), and the controller makes one request per connection anyway.
+    let mut config = config;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     Ok(Arc::new(config))
 }
 
@@ -190,20 +195,32 @@ fn names(cert: &[u8], name: &str) -> bool {
     };
     match fields.san_dns {
         Some(dns) => dns.iter().any(|d| d.eq_ignore_ascii_case(name.as_bytes())),
-        None => fields
-            .subject_cn
-            .is_some_and(|cn| cn.eq_ignore_ascii_case(name.as_bytes())),
+        // Exactly one common name: with several, issuers and readers disagree on which counts.
+        None => match fields.subject_cns[..] {
+            [cn] if cn.eq_ignore_ascii_case(name.as_bytes()) => {
+                log::warn!(
+                    "accepted a client certificate by its common name {name} (it has no subjectAltName); reissue it with the subjectAltName DNS:{name}"
+                );
+                true
+            }
+            _ => false,
+        },
     }
 }
 
-/// Just enough DER to read a certificate's subject common name and subjectAltName DNS names
-/// (RFC 5280 §4.1). Only certificates the client CA signed reach it.
+/// Just enough DER to read a certificate's subject common names and subjectAltName DNS names
+/// (RFC 5280 §4.1). Only certificates the client CA signed reach it. Strict: single-byte tags,
+/// minimal definite lengths, no trailing bytes where a structure ends; anything else is refused,
+/// so that no malformed field yields a name another parser would not see.
 mod der {
     const SEQUENCE: u8 = 0x30;
     const SET: u8 = 0x31;
     const OID: u8 = 0x06;
     const OCTET_STRING: u8 = 0x04;
     const BOOLEAN: u8 = 0x01;
+    const UTF8_STRING: u8 = 0x0c;
+    const PRINTABLE_STRING: u8 = 0x13;
+    const VERSION: u8 = 0xa0;
     const EXTENSIONS: u8 = 0xa3;
     const DNS_NAME: u8 = 0x82;
     const OID_CN: &[u8] = &[0x55, 0x04, 0x03];
@@ -212,92 +229,111 @@ mod der {
     /// One element: (tag, content, what follows).
     fn next(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
         let (&tag, rest) = input.split_first()?;
+        if tag & 0x1f == 0x1f {
+            return None; // a multi-byte tag
+        }
         let (&first, rest) = rest.split_first()?;
         let (len, rest) = if first < 0x80 {
             (first as usize, rest)
         } else {
             let n = (first & 0x7f) as usize;
-            if n == 0 || n > 4 || rest.len() < n {
-                return None;
+            if n == 0 || n > 4 || rest.len() < n || rest[0] == 0 {
+                return None; // indefinite, too long or not minimal
             }
             let len = rest[..n]
                 .iter()
                 .fold(0usize, |acc, &b| acc << 8 | b as usize);
+            if len < 0x80 {
+                return None;
+            }
             (len, &rest[n..])
         };
         (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
     }
 
-    /// The content of an element that must have `tag`.
-    fn expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    /// The content of the one element `input` holds, which must have `tag`.
+    fn only(input: &[u8], tag: u8) -> Option<&[u8]> {
         let (t, content, rest) = next(input)?;
-        (t == tag).then_some((content, rest))
+        (t == tag && rest.is_empty()).then_some(content)
     }
 
-    /// The elements of a constructed content.
-    fn items(mut input: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
-        std::iter::from_fn(move || {
+    /// The elements of a constructed content; `None` unless all of it is elements.
+    fn items(mut input: &[u8]) -> Option<Vec<(u8, &[u8])>> {
+        let mut out = Vec::new();
+        while !input.is_empty() {
             let (tag, content, rest) = next(input)?;
+            out.push((tag, content));
             input = rest;
-            Some((tag, content))
-        })
+        }
+        Some(out)
     }
 
     pub(super) struct Fields<'a> {
-        pub subject_cn: Option<&'a [u8]>,
+        /// Every common name of the subject, in order.
+        pub subject_cns: Vec<&'a [u8]>,
         /// `None` without a subjectAltName extension.
         pub san_dns: Option<Vec<&'a [u8]>>,
     }
 
     pub(super) fn tbs_fields(cert: &[u8]) -> Option<Fields<'_>> {
-        let (certificate, _) = expect(cert, SEQUENCE)?;
-        let (tbs, _) = expect(certificate, SEQUENCE)?;
-        let mut fields = items(tbs).peekable();
-        // [0] version, serialNumber, signature, issuer, validity, subject.
-        if fields.peek().is_some_and(|(tag, _)| *tag == 0xa0) {
-            fields.next();
-        }
-        let mut fields = fields.skip(4);
-        let (tag, subject) = fields.next()?;
+        let certificate = items(only(cert, SEQUENCE)?)?;
+        let (tag, tbs) = *certificate.first()?;
         if tag != SEQUENCE {
             return None;
         }
-        let mut subject_cn = None;
-        for (tag, rdn) in items(subject) {
+        let fields = items(tbs)?;
+        // [0] version, serialNumber, signature, issuer, validity, subject.
+        let at = if fields.first()?.0 == VERSION { 5 } else { 4 };
+        let (tag, subject) = *fields.get(at)?;
+        if tag != SEQUENCE {
+            return None;
+        }
+        let mut subject_cns = Vec::new();
+        for (tag, rdn) in items(subject)? {
             if tag != SET {
                 return None;
             }
-            for (tag, atv) in items(rdn) {
+            for (tag, atv) in items(rdn)? {
                 if tag != SEQUENCE {
                     return None;
                 }
-                let (oid, value) = expect(atv, OID)?;
+                let (oid_tag, oid, value) = next(atv)?;
+                if oid_tag != OID {
+                    return None;
+                }
                 if oid == OID_CN {
-                    subject_cn = Some(next(value)?.1);
+                    let (kind, text, rest) = next(value)?;
+                    if !rest.is_empty() || !matches!(kind, UTF8_STRING | PRINTABLE_STRING) {
+                        return None;
+                    }
+                    subject_cns.push(text);
                 }
             }
         }
         let mut san_dns = None;
-        for (tag, content) in fields {
+        for &(tag, content) in &fields[at + 1..] {
             if tag != EXTENSIONS {
                 continue;
             }
-            let (list, _) = expect(content, SEQUENCE)?;
-            for (tag, ext) in items(list) {
+            for (tag, ext) in items(only(content, SEQUENCE)?)? {
                 if tag != SEQUENCE {
                     return None;
                 }
-                let (oid, mut rest) = expect(ext, OID)?;
-                if let Some((_, after)) = expect(rest, BOOLEAN) {
-                    rest = after;
-                }
+                let ext = items(ext)?;
+                let (oid, value) = match ext[..] {
+                    [(OID, oid), (OCTET_STRING, value)] => (oid, value),
+                    [(OID, oid), (BOOLEAN, _), (OCTET_STRING, value)] => (oid, value),
+                    _ => return None,
+                };
                 if oid != OID_SAN {
                     continue;
                 }
-                let (value, _) = expect(rest, OCTET_STRING)?;
-                let (names, _) = expect(value, SEQUENCE)?;
+                if san_dns.is_some() {
+                    return None; // two subjectAltName extensions
+                }
                 san_dns = Some(
-                    items(names)
+                    items(only(value, SEQUENCE)?)?
+                        .into_iter()
                         .filter(|(tag, _)| *tag == DNS_NAME)
                         .map(|(_, name)| name)
                         .collect(),
@@ -305,7 +341,7 @@ mod der {
             }
         }
         Some(Fields {
-            subject_cn,
+            subject_cns,
             san_dns,
         })
     }

@@ -474,6 +474,36 @@ fn mtls_with_a_client_name_refuses_other_certificates_of_the_same_ca() {
         None,
         "a CN without a matching subjectAltName passed"
     );
+    // Refused: several common names (issuers and readers disagree on which counts), and
+    // subjectAltNames that are not strict DER, which another parser reads differently (a
+    // multi-byte tag hiding the name; bytes after it).
+    let two_cns = issue("two-cns", "haptic-agent/CN=haptic-controller", both);
+    assert_eq!(status(&two_cns), None, "one of several common names passed");
+    let name_hex: Vec<String> = b"haptic-controller"
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let name_hex = name_hex.join(":");
+    let hidden = issue(
+        "hidden",
+        "x",
+        &format!("subjectAltName=DER:30:16:9f:01:13:82:11:{name_hex}\n{both}"),
+    );
+    assert_eq!(
+        status(&hidden),
+        None,
+        "a name behind a multi-byte tag passed"
+    );
+    let trailing = issue(
+        "trailing",
+        "x",
+        &format!("subjectAltName=DER:30:15:82:11:{name_hex}:82:7f\n{both}"),
+    );
+    assert_eq!(
+        status(&trailing),
+        None,
+        "a subjectAltName with bytes after the name passed"
+    );
     // Accepted: the controller's certificate (scripts/gen-certs.sh: subjectAltName), one whose
     // name differs in case, and a certificate without subjectAltName whose CN names it.
     assert_eq!(status(&env.client), Some(200));
@@ -494,4 +524,39 @@ fn mtls_with_a_client_name_refuses_other_certificates_of_the_same_ca() {
         "the refusal is logged: {}",
         env.agent_log()
     );
+    assert!(
+        env.agent_log()
+            .contains("accepted a client certificate by its common name"),
+        "the legacy certificate is named in the log: {}",
+        env.agent_log()
+    );
+    // A name that cannot be a DNS name stops the agent at start.
+    for bad in ["", "haptic controller"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
+            .args([
+                "serve",
+                "--config-dir",
+                "/nonexistent",
+                "--master-socket",
+                "/nonexistent",
+            ])
+            .args([
+                "--tls-cert",
+                "x",
+                "--tls-key",
+                "x",
+                "--client-ca",
+                "x",
+                "--client-name",
+                bad,
+            ])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "--client-name {bad:?} was taken");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("expected a DNS name"),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
