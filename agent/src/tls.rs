@@ -96,10 +96,10 @@ pub fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
     if let Some(name) = &files.client_name {
         verifier = Arc::new(NamedClient {
             inner: verifier,
-            name: name.to_ascii_lowercase(),
+            name: name.clone(),
         });
     }
-    let config = ServerConfig::builder_with_provider(provider)
+    let mut config = ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("TLS versions: {e}"))?
         .with_client_cert_verifier(verifier)
@@ -113,7 +113,6 @@ pub fn build(files: &TlsFiles) -> Result<Arc<ServerConfig>, String> {
         })?;
     // No resumption: a resumed session skips the client certificate's checks (its expiry and
     // name), and the controller makes one request per connection anyway.
-    let mut config = config;
     config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     config.send_tls13_tickets = 0;
     Ok(Arc::new(config))
@@ -187,7 +186,7 @@ impl ClientCertVerifier for NamedClient {
     }
 }
 
-/// Whether a DER certificate names `name` (lowercase): see [`NamedClient`]. Anything it cannot
+/// Whether a DER certificate names `name` (ASCII case aside): see [`NamedClient`]. Anything it cannot
 /// read names nobody.
 fn names(cert: &[u8], name: &str) -> bool {
     let Some(fields) = der::tbs_fields(cert) else {
