@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-ensure_packages haproxy:haproxy socat:socat openssl:openssl curl:curl ss:iproute2 file:file \
+ensure_packages haproxy:haproxy socat:socat openssl:openssl curl:curl ss:iproute2 file:file zstd:zstd \
   prometheus:prometheus promtool:prometheus python3:python3 kubectl:kubernetes-client
 
 echo "==> cargo fmt --check"

@@ -362,6 +362,40 @@ fn config_merge_takes_spec_fragments_refuses_ambiguous_shapes_and_validates() {
 }
 
 #[test]
+fn config_view_prints_a_published_config_and_names_what_is_wrong_with_one() {
+    let dir = TempDir::new("view");
+    let write = |name: &str, text: &str| {
+        let p = dir.0.join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let plain = write(
+        "plain.yaml",
+        "apiVersion: haproxy-haptic.org/v1alpha1\nkind: HAProxyCfg\nmetadata: {name: x-haproxycfg}\nspec: {content: \"global\\n\", compressed: false}\n",
+    );
+    let out = haptic(&["config", "view", "-f", &plain]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "global\n");
+    let damaged = write(
+        "damaged.yaml",
+        "kind: HAProxyCfg\nspec: {content: \"global\\n\", compressed: true}\n",
+    );
+    let out = haptic(&["config", "view", "-f", &damaged]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("damaged.yaml") && err.contains("spec.content is not base64"),
+        "{err}"
+    );
+    let tampered = write(
+        "tampered.yaml",
+        "kind: HAProxyCfg\nspec: {content: \"global\\n\", checksum: \"sha256:0000\"}\n",
+    );
+    let err = text(&haptic(&["config", "view", "-f", &tampered]).stderr);
+    assert!(err.contains("does not match spec.checksum"), "{err}");
+}
+
+#[test]
 fn help_and_version() {
     for cmd in [
         &["render", "--help"][..],

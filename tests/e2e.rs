@@ -237,6 +237,185 @@ fn ingress_routes_and_deletion_stops_routing() {
     );
 }
 
+/// The server lines of the `web` Service's backend in a haproxy.cfg.
+fn web_servers(cfg: &str) -> Vec<String> {
+    cfg.split("\nbackend ")
+        .find(|section| section.contains("_web_"))
+        .unwrap_or_else(|| panic!("no backend of the web Service in:\n{cfg}"))
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("server "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
+    require("haproxy");
+    let mut c = Cluster::start(&[]);
+    // First a configuration above etcd's 1.5 MiB, published uncompressed (threshold 0): the
+    // API server refuses it; the pods get it all the same, and the controller says so once
+    // instead of sending it again every second.
+    let padding = "templateSnippets:\n  frontend-filters-900-e2e:\n    template: \"{% for i in range(300) %}{% for j in range(100) %}# padding {{ i }} {{ j }} ........................................\\n{% endfor %}{% endfor %}\"\n";
+    let mut config = c.config_object(padding);
+    config["spec"]["controller"]["configPublishing"] = json!({"compressionThreshold": 0});
+    c.apply_config(&config);
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    let refused = "the API server refuses it as too large";
+    wait_for("the too-large HAProxyCfg refused", DEADLINE, || {
+        c.controller_log("ctrl-a").contains(refused)
+    });
+    wait_for("Deployed condition", DEADLINE, || {
+        c.condition("Deployed").is_some_and(|(s, _)| s == "True")
+    });
+    let ctrl = &c.controllers[0];
+    let (_, big) = ctrl.get(ctrl.health_port, "/debug/rendered").unwrap();
+    assert!(big.len() > 1_700_000, "{} bytes", big.len());
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(c.controller_log("ctrl-a").matches(refused).count(), 1);
+    let (exists, _) = c.kubectl(&["get", "hpcfg", "haptic-e2e-haproxycfg"], None);
+    assert!(!exists);
+
+    // Compressed above 1 KiB from now on.
+    let mut config = c.config_object("");
+    config["spec"]["controller"]["configPublishing"] = json!({"compressionThreshold": 1024});
+    c.apply_config(&config);
+    let (web1, web2) = (Backend::start("web-1"), Backend::start("web-2"));
+    c.create_service("web", &[&web1, &web2]);
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("web", "web.example.com", "web", "")),
+    );
+    assert!(ok, "{out}");
+    wait_for("both backends serve", DEADLINE, || {
+        seen_backends(&c, "web.example.com", 6).len() == 2
+    });
+    let ctrl = &c.controllers[0];
+    let deployed = || ctrl.get(ctrl.health_port, "/debug/rendered").unwrap().1;
+    let has = |cfg: &str, b: &Backend| {
+        web_servers(cfg)
+            .iter()
+            .any(|l| l.contains(&format!(":{} ", b.port)))
+    };
+    wait_for("both in the config", DEADLINE, || {
+        let cfg = deployed();
+        has(&cfg, &web1) && has(&cfg, &web2)
+    });
+    // The backend in the first slot goes; the other keeps its slot, and the first stays free.
+    let first = web_servers(&deployed())[0].clone();
+    let (gone, kept) = if first.contains(&format!(":{} ", web1.port)) {
+        (&web1, &web2)
+    } else {
+        (&web2, &web1)
+    };
+    // Only its EndpointSlice goes (set_endpoints would delete both and pass through "none").
+    let gone_index = usize::from(!std::ptr::eq(gone, &web1));
+    let slice = format!("web-slice-{gone_index}");
+    let (ok, out) = c.kubectl(&["delete", "endpointslice", &slice], None);
+    assert!(ok, "{out}");
+    c.wait_route("web.example.com", "/", 200, &kept.name, DEADLINE);
+    wait_for("one backend left", DEADLINE, || {
+        let cfg = deployed();
+        has(&cfg, kept) && !has(&cfg, gone)
+    });
+    let before = deployed();
+    let slot_of = |cfg: &str| {
+        web_servers(cfg)
+            .iter()
+            .position(|l| l.contains(&format!(":{} ", kept.port)))
+    };
+    let slot = slot_of(&before);
+    assert!(slot > Some(0), "{:?}", web_servers(&before));
+
+    // The leader publishes it compressed (above the 1 KiB threshold), with the checksum of the
+    // text; `haptic config view` reads it back from what kubectl prints.
+    let published = || {
+        let (ok, out) = c.kubectl(
+            &["get", "hpcfg", "haptic-e2e-haproxycfg", "-o", "yaml"],
+            None,
+        );
+        ok.then_some(out)
+    };
+    wait_for("the config published", DEADLINE, || {
+        published()
+            .is_some_and(|y| y.contains(&haptic_agent::protocol::sha256_hex(before.as_bytes())))
+    });
+    let object = published().unwrap();
+    assert!(object.contains("compressed: true"), "{object}");
+    assert!(
+        !object.contains("frontend"),
+        "content is not compressed: {object}"
+    );
+    let mut view = Command::new(env!("CARGO_BIN_EXE_haptic"))
+        .args(["config", "view", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut view.stdin.take().unwrap(), object.as_bytes()).unwrap();
+    let out = view.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), before);
+    // And from the cluster, as `kubectl exec … -- haptic config view` does in a pod.
+    let out = Command::new(env!("CARGO_BIN_EXE_haptic"))
+        .args([
+            "config",
+            "view",
+            "--config-name",
+            "haptic-e2e",
+            "--namespace",
+            NS,
+        ])
+        .arg("--kubeconfig")
+        .arg(c.api.kubeconfig())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), before);
+
+    // A controller that starts now reads it back and keeps the backend where it is: its first
+    // render is what the pods run, so nothing is pushed or reloaded. A render from scratch
+    // would put it in the first slot.
+    let pids = worker_pids(&c);
+    c.controllers[0].kill();
+    let next = c.start_controller("ctrl-b");
+    wait_for("ctrl-b leads", Duration::from_secs(60), || {
+        c.leader_index() == Some(next)
+    });
+    let ctrl_b = &c.controllers[next];
+    wait_for("ctrl-b rendered", DEADLINE, || {
+        ctrl_b
+            .get(ctrl_b.health_port, "/debug/rendered")
+            .is_some_and(|(_, cfg)| cfg.contains("backend "))
+    });
+    let (_, after) = ctrl_b.get(ctrl_b.health_port, "/debug/rendered").unwrap();
+    assert_eq!(web_servers(&after), web_servers(&before));
+    assert_eq!(after, before);
+    // A change after the takeover still keeps the slots: the other comes back into the free one.
+    c.add_endpoint_slice("web", gone_index, gone);
+    wait_for("both backends serve again", DEADLINE, || {
+        seen_backends(&c, "web.example.com", 6).len() == 2
+    });
+    let (_, last) = ctrl_b.get(ctrl_b.health_port, "/debug/rendered").unwrap();
+    assert_eq!(slot_of(&last), slot);
+    assert_eq!(
+        pids,
+        worker_pids(&c),
+        "endpoint changes and a new leader must not reload HAProxy"
+    );
+    assert!(!c.controller_log("ctrl-b").contains("unreadable"));
+}
+
 #[test]
 fn endpoint_scaling_is_runtime_and_template_changes_apply_live() {
     let (c, web1) = routed_cluster(false);

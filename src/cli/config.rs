@@ -23,15 +23,18 @@ names, references, templates that compile); one that fails is refused unless --n
 
 pub(super) fn run(args: &[String]) -> CommandResult {
     let Some((sub, rest)) = args.split_first() else {
-        return Err("config needs a subcommand: merge".to_string().into());
+        return Err("config needs a subcommand: merge or view"
+            .to_string()
+            .into());
     };
     match sub.as_str() {
         "merge" => merge(rest),
+        "view" => view(rest),
         "--help" | "-h" => {
-            println!("Config utilities.\n\nUsage: haptic config merge -f FILE [-f FILE …]");
+            println!("Config utilities.\n\nUsage: haptic config merge -f FILE [-f FILE …]\n       haptic config view [--config-name NAME] [--namespace NS] [--kubeconfig FILE] [-f FILE]");
             Ok(())
         }
-        other => Err(format!("unknown config subcommand {other:?} (merge)").into()),
+        other => Err(format!("unknown config subcommand {other:?} (merge, view)").into()),
     }
 }
 
@@ -60,5 +63,87 @@ fn merge(args: &[String]) -> CommandResult {
         crate::render::Engine::new(&spec).map_err(|e| format!("{sources}: {e}\n{not_printed}"))?;
     }
     print!("{}", merged.to_yaml());
+    Ok(())
+}
+
+const VIEW_OPTIONS: &[Spec] = &[
+    opt(
+        "config-name",
+        None,
+        "The HAProxyTemplateConfig's name (env CONFIG_NAME; default haptic-config): reads <name>-haproxycfg",
+    ),
+    opt(
+        "namespace",
+        None,
+        "The controller's namespace (env POD_NAMESPACE; default: from the kubeconfig)",
+    ),
+    opt(
+        "kubeconfig",
+        None,
+        "kubeconfig file (env KUBECONFIG); absent: in-cluster service account",
+    ),
+    opt(
+        "file",
+        Some('f'),
+        "Read an HAProxyCfg object (JSON or YAML, as kubectl get -o prints it; - for stdin) instead of the cluster",
+    ),
+];
+
+const VIEW_SUMMARY: &str =
+    "Print the haproxy.cfg the leading controller published (HAProxyCfg <name>-haproxycfg),
+decompressed when it was published compressed (spec.compressed: configurations of at least
+spec.controller.configPublishing.compressionThreshold bytes), and checked against its checksum.";
+
+fn view(args: &[String]) -> CommandResult {
+    let parsed = parse(args, VIEW_OPTIONS)?;
+    if parsed.help {
+        println!("{}", usage("config view", VIEW_SUMMARY, VIEW_OPTIONS));
+        return Ok(());
+    }
+    if let Some(extra) = parsed.positional.first() {
+        return Err(format!("unexpected argument {extra:?}").into());
+    }
+    let (object, what) = match parsed.last("file") {
+        Some(file) => {
+            let text = if file == "-" {
+                let mut text = String::new();
+                std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+                    .map_err(|e| format!("stdin: {e}"))?;
+                text
+            } else {
+                std::fs::read_to_string(&file).map_err(|e| format!("{file}: {e}"))?
+            };
+            let object: serde_json::Value =
+                serde_yaml::from_str(&text).map_err(|e| format!("{file}: {e}"))?;
+            (object, file)
+        }
+        None => {
+            use super::run::flag_or_env;
+            let kube = match flag_or_env(&parsed, "kubeconfig", "KUBECONFIG") {
+                Some(path) => {
+                    crate::kube::config::KubeConfig::from_kubeconfig(path.as_ref(), None)?
+                }
+                None => crate::kube::config::KubeConfig::in_cluster()?,
+            };
+            let client = crate::kube::client::Client::new(&kube)?;
+            let namespace = flag_or_env(&parsed, "namespace", "POD_NAMESPACE")
+                .unwrap_or_else(|| client.default_namespace().to_string());
+            let name = format!(
+                "{}-haproxycfg",
+                flag_or_env(&parsed, "config-name", "CONFIG_NAME")
+                    .unwrap_or_else(|| "haptic-config".into())
+            );
+            let object = client
+                .get(
+                    &crate::controller::status::haproxycfg_resource(),
+                    Some(&namespace),
+                    &name,
+                )
+                .map_err(|e| format!("HAProxyCfg {namespace}/{name}: {e}"))?;
+            (object, format!("HAProxyCfg {namespace}/{name}"))
+        }
+    };
+    let text = crate::controller::hpcfg::content(&object).map_err(|e| format!("{what}: {e}"))?;
+    print!("{text}");
     Ok(())
 }

@@ -28,7 +28,7 @@ const OPTIONS: &[Spec] = &[
 const SUMMARY: &str =
     "Run the controller: watch the cluster, render, validate, deploy to the HAProxy pods.";
 
-fn flag_or_env(parsed: &super::args::Parsed, flag: &str, env: &str) -> Option<String> {
+pub(super) fn flag_or_env(parsed: &super::args::Parsed, flag: &str, env: &str) -> Option<String> {
     parsed
         .last(flag)
         .or_else(|| std::env::var(env).ok())

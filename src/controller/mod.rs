@@ -8,6 +8,7 @@
 //! Every replica watches, renders and validates; only the leader deploys and writes status.
 
 mod config_watch;
+pub mod hpcfg;
 pub(crate) mod reconcile;
 pub(crate) mod state;
 pub(crate) mod status;
@@ -19,7 +20,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use serde_json::Value;
 
 use crate::deploy::agent_client::{AgentClient, AgentTls, Transport};
 use crate::deploy::{DeployMsg, Deployer, DeployerConfig};
@@ -180,15 +180,15 @@ fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
     };
     shared.set_leadership(leadership.clone());
     // The previous leader's published config keeps server slots stable across leaders.
-    if let Ok(cfg) = client.get(
-        &status::haproxycfg_resource(),
-        Some(namespace),
-        &format!("{}-haproxycfg", opts.config_name),
-    ) {
-        if let Some(content) = cfg.pointer("/spec/content").and_then(Value::as_str) {
-            let _ = ch
-                .control_tx
-                .send(ControlMsg::CurrentConfig(content.to_string()));
+    let published = format!("{}-haproxycfg", opts.config_name);
+    if let Ok(cfg) = client.get(&status::haproxycfg_resource(), Some(namespace), &published) {
+        match hpcfg::content(&cfg) {
+            Ok(content) => {
+                let _ = ch.control_tx.send(ControlMsg::CurrentConfig(content));
+            }
+            Err(e) => log::warn!(
+                "HAProxyCfg {namespace}/{published} is unreadable, so server slots start afresh: {e}"
+            ),
         }
     }
     let transport = match &opts.agent_credentials_dir {

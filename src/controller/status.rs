@@ -148,6 +148,8 @@ struct Written {
     last_error_event: Option<String>,
     refused_pods: std::collections::BTreeSet<String>,
     haproxycfg_unavailable: bool,
+    /// (bundle, compression threshold) the API server refused as too large.
+    haproxycfg_too_large: Option<(String, i64)>,
 }
 
 impl StatusWriter {
@@ -386,12 +388,34 @@ impl StatusWriter {
                 p.hash.to_string(),
                 serde_json::to_string(&*lock(&self.shared.pods)).unwrap_or_default(),
             );
-            if written.haproxycfg.as_ref() != Some(&key) && !written.haproxycfg_unavailable {
-                match self.publish_haproxycfg(p) {
-                    Ok(()) => written.haproxycfg = Some(key),
+            let threshold = lock(&self.shared.config)
+                .as_ref()
+                .map_or(1_048_576, |c| c.spec.compression_threshold());
+            let spec = (p.hash.to_string(), threshold);
+            if written.haproxycfg.as_ref() != Some(&key)
+                && !written.haproxycfg_unavailable
+                && written.haproxycfg_too_large.as_ref() != Some(&spec)
+            {
+                match self.publish_haproxycfg(p, threshold) {
+                    Ok(()) => {
+                        written.haproxycfg = Some(key);
+                        written.haproxycfg_too_large = None;
+                    }
                     Err(e) if e.is_unserved_resource() => {
                         log::warn!("HAProxyCfg is not served by the API server (CRD missing?); not publishing: {e}");
                         written.haproxycfg_unavailable = true;
+                    }
+                    Err(e) if e.is_too_large() => {
+                        // Not retried until the configuration or the threshold changes: the
+                        // same object would be refused again.
+                        log::error!(
+                            "HAProxyCfg not published: the API server refuses it as too large \
+                             (haproxy.cfg is {} bytes; spec.controller.configPublishing.compressionThreshold \
+                             is {threshold}, 0 never compresses). The pods are deployed all the same, \
+                             but a new leader cannot keep their server slots: {e}",
+                            p.bundle.haproxy_cfg.len()
+                        );
+                        written.haproxycfg_too_large = Some(spec);
                     }
                     Err(e) => log::warn!("publish HAProxyCfg: {e}"),
                 }
@@ -450,11 +474,15 @@ impl StatusWriter {
         }
     }
 
-    fn publish_haproxycfg(&self, p: &Published) -> Result<(), crate::kube::client::KubeError> {
+    fn publish_haproxycfg(
+        &self,
+        p: &Published,
+        threshold: i64,
+    ) -> Result<(), crate::kube::client::KubeError> {
         let res = haproxycfg_resource();
         let ns = Some(self.namespace.as_str());
         let name = format!("{}-haproxycfg", self.config_name);
-        let spec = json!({"content": p.bundle.haproxy_cfg.as_str(), "checksum": format!("sha256:{}", haptic_agent::protocol::sha256_hex(p.bundle.haproxy_cfg.as_bytes())), "bundle": p.hash.as_str()});
+        let spec = super::hpcfg::spec(&p.bundle.haproxy_cfg, threshold, p.hash.as_str());
         let pods = lock(&self.shared.pods).clone();
         let status = json!({"deployedToPods": pods.iter().filter(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str())).map(|pod| json!({
             "podName": pod.name, "deployedAt": pod.last_deployed_at, "checksum": p.hash.as_str(), "lastResult": pod.last_result})).collect::<Vec<_>>(),

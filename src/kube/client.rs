@@ -126,6 +126,14 @@ impl KubeError {
     pub fn is_gone(&self) -> bool {
         self.code() == Some(410)
     }
+
+    /// The object is larger than the API server stores: 413 for a request body above its limit
+    /// (3 MiB), or etcd's "request is too large" (about 1.5 MiB), which the API server passes
+    /// on as a 500.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, KubeError::Api { code: 413, .. })
+            || matches!(self, KubeError::Api { code: 500, message, .. } if message.contains("request is too large"))
+    }
 }
 
 impl fmt::Display for KubeError {

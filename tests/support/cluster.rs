@@ -796,12 +796,18 @@ impl Cluster {
             let _ = self.client.delete(&res, Some(NS), &format!("{name}-{i}"));
         }
         for (i, b) in backends.iter().enumerate() {
-            let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-                "metadata": {"name": format!("{name}-{i}"), "namespace": NS, "labels": {"kubernetes.io/service-name": service}},
-                "addressType": "IPv4", "ports": [{"name": "http", "port": b.port, "protocol": "TCP"}],
-                "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}]});
-            self.client.create(&res, Some(NS), &slice).unwrap();
+            self.add_endpoint_slice(service, i, b);
         }
+    }
+
+    /// Creates EndpointSlice `<service>-slice-<i>` with one backend, leaving the others.
+    pub fn add_endpoint_slice(&self, service: &str, i: usize, b: &Backend) {
+        let res = ResourceRef::new("discovery.k8s.io/v1", "endpointslices", true);
+        let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("{service}-slice-{i}"), "namespace": NS, "labels": {"kubernetes.io/service-name": service}},
+            "addressType": "IPv4", "ports": [{"name": "http", "port": b.port, "protocol": "TCP"}],
+            "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}]});
+        self.client.create(&res, Some(NS), &slice).unwrap();
     }
 
     pub fn kubectl(&self, args: &[&str], stdin: Option<&str>) -> (bool, String) {

@@ -106,6 +106,10 @@ fn connection(
     Ok(())
 }
 
+/// The API server's limit on a request body (`3 * 1024 * 1024`, twice etcd's object limit,
+/// because JSON is larger than the protobuf stored).
+const MAX_REQUEST_BODY: usize = 3 << 20;
+
 fn write_json(conn: &mut Conn, code: u16, body: &Value) -> io::Result<()> {
     let bytes = serde_json::to_vec(body).map_err(io::Error::other)?;
     conn.write_response(code, "application/json", &[], &bytes)
@@ -164,6 +168,14 @@ fn respond(conn: &mut Conn, ctx: &Ctx, req: &Request, client_cert: bool) -> io::
         return conn
             .write_response(404, "text/plain", &[], b"404 page not found\n")
             .map(|_| true);
+    }
+    if req.body.len() > MAX_REQUEST_BODY {
+        let e = ApiError::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {MAX_REQUEST_BODY}"),
+        );
+        return write_error(conn, &e).map(|_| true);
     }
     match api::handle(ctx, req, &user) {
         Ok(Reply::Json(code, body)) => write_json(conn, code, &body).map(|_| true),

@@ -127,6 +127,12 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        // Errors passed on from etcd carry no reason (kubectl then prints "Error from server: …").
+        if self.reason.is_empty() {
+            if let Some(m) = v.as_object_mut() {
+                m.remove("reason");
+            }
+        }
         if let Some(d) = &self.details {
             v["details"] = d.clone();
         }

@@ -25,6 +25,20 @@ fn dry_run(req: &Request) -> bool {
     req.query.get("dryRun").is_some_and(|v| v == "All")
 }
 
+/// etcd's default request limit (`--max-request-bytes`, 1.5 MiB). Objects are stored as JSON
+/// here; custom resources are JSON in etcd too, built-in kinds protobuf (somewhat smaller).
+const MAX_STORED_OBJECT: usize = 1_572_864;
+
+/// etcd refuses an object above its request limit; the API server passes the error on as a
+/// 500 without a reason.
+fn storable(obj: &Value) -> Result<(), ApiError> {
+    let size = serde_json::to_vec(obj).map_or(0, |b| b.len());
+    if size > MAX_STORED_OBJECT {
+        return Err(ApiError::new(500, "", "etcdserver: request is too large"));
+    }
+    Ok(())
+}
+
 fn commit_error(t: &Target, name: &str, e: CommitError) -> ApiError {
     let (g, p) = (&t.rtype.group, &t.rtype.plural);
     match e {
@@ -102,6 +116,7 @@ pub fn create(ctx: &Ctx, t: &Target, req: &Request, user: &User) -> Result<Reply
     if dry {
         return Ok(Reply::Json(201, obj));
     }
+    storable(&obj)?;
     let stored = ctx
         .store
         .commit(
@@ -151,6 +166,7 @@ fn commit_update(
     if dry {
         return Ok(Some(Reply::Json(200, new)));
     }
+    storable(&new)?;
     let gr = t.rtype.group_resource();
     let write = if finalized { None } else { Some(new) };
     match ctx
