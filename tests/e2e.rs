@@ -414,6 +414,24 @@ fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
         "endpoint changes and a new leader must not reload HAProxy"
     );
     assert!(!c.controller_log("ctrl-b").contains("unreadable"));
+
+    // The threshold alone changes: the same configuration is published again, readable.
+    let mut config = c.config_object("");
+    config["spec"]["controller"]["configPublishing"] = json!({"compressionThreshold": 0});
+    c.apply_config(&config);
+    wait_for("published uncompressed", DEADLINE, || {
+        let (_, out) = c.kubectl(
+            &[
+                "get",
+                "hpcfg",
+                "haptic-e2e-haproxycfg",
+                "-o",
+                "jsonpath={.spec.compressed} {.spec.content}",
+            ],
+            None,
+        );
+        out.starts_with("false ") && out.contains("frontend")
+    });
 }
 
 #[test]

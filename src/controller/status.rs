@@ -140,7 +140,10 @@ struct Written {
     conditions: Vec<Condition>,
     transition_times: BTreeMap<&'static str, (bool, String)>,
     generation: i64,
-    haproxycfg: Option<(String, String)>,
+    /// ((bundle, compression threshold), pods as JSON) last published.
+    haproxycfg: Option<((String, i64), String)>,
+    /// (bundle, compression threshold) of the spec last written.
+    haproxycfg_spec: Option<(String, i64)>,
     /// Per object: the status the templates asked for, and what was written (with times).
     /// (desired, as written with its condition timestamps): the same `Arc` when no condition
     /// was stamped, so that equal statuses of thousands of objects stay one value.
@@ -384,21 +387,25 @@ impl StatusWriter {
             self.events(&conditions, written);
         }
         if let Some(p) = &desired.published {
-            let key = (
-                p.hash.to_string(),
-                serde_json::to_string(&*lock(&self.shared.pods)).unwrap_or_default(),
-            );
             let threshold = lock(&self.shared.config)
                 .as_ref()
                 .map_or(1_048_576, |c| c.spec.compression_threshold());
             let spec = (p.hash.to_string(), threshold);
+            let key = (
+                spec.clone(),
+                serde_json::to_string(&*lock(&self.shared.pods)).unwrap_or_default(),
+            );
             if written.haproxycfg.as_ref() != Some(&key)
                 && !written.haproxycfg_unavailable
                 && written.haproxycfg_too_large.as_ref() != Some(&spec)
             {
-                match self.publish_haproxycfg(p, threshold) {
+                // Only the status when the spec is already there: pods report several times
+                // per configuration, and a large one costs its compression and upload.
+                let spec_written = written.haproxycfg_spec.as_ref() == Some(&spec);
+                match self.publish_haproxycfg(p, threshold, spec_written) {
                     Ok(()) => {
                         written.haproxycfg = Some(key);
+                        written.haproxycfg_spec = Some(spec);
                         written.haproxycfg_too_large = None;
                     }
                     Err(e) if e.is_unserved_resource() => {
@@ -417,7 +424,13 @@ impl StatusWriter {
                         );
                         written.haproxycfg_too_large = Some(spec);
                     }
-                    Err(e) => log::warn!("publish HAProxyCfg: {e}"),
+                    Err(e) => {
+                        if e.is_not_found() {
+                            // Deleted by someone: written again in full.
+                            written.haproxycfg_spec = None;
+                        }
+                        log::warn!("publish HAProxyCfg: {e}")
+                    }
                 }
             }
         }
@@ -478,15 +491,32 @@ impl StatusWriter {
         &self,
         p: &Published,
         threshold: i64,
+        spec_written: bool,
+    ) -> Result<(), crate::kube::client::KubeError> {
+        let res = haproxycfg_resource();
+        let ns = Some(self.namespace.as_str());
+        let name = format!("{}-haproxycfg", self.config_name);
+        let pods = lock(&self.shared.pods).clone();
+        let status = json!({"deployedToPods": pods.iter().filter(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str())).map(|pod| json!({
+            "podName": pod.name, "deployedAt": pod.last_deployed_at, "checksum": p.hash.as_str(), "lastResult": pod.last_result})).collect::<Vec<_>>(),
+            "pods": pods});
+        if !spec_written {
+            self.publish_spec(p, threshold)?;
+        }
+        self.client
+            .merge_patch_status(&res, ns, &name, &json!({"status": status}))?;
+        Ok(())
+    }
+
+    fn publish_spec(
+        &self,
+        p: &Published,
+        threshold: i64,
     ) -> Result<(), crate::kube::client::KubeError> {
         let res = haproxycfg_resource();
         let ns = Some(self.namespace.as_str());
         let name = format!("{}-haproxycfg", self.config_name);
         let spec = super::hpcfg::spec(&p.bundle.haproxy_cfg, threshold, p.hash.as_str());
-        let pods = lock(&self.shared.pods).clone();
-        let status = json!({"deployedToPods": pods.iter().filter(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str())).map(|pod| json!({
-            "podName": pod.name, "deployedAt": pod.last_deployed_at, "checksum": p.hash.as_str(), "lastResult": pod.last_result})).collect::<Vec<_>>(),
-            "pods": pods});
         match self.client.get(&res, ns, &name) {
             Ok(mut existing) => {
                 existing["spec"] = spec;
@@ -499,8 +529,6 @@ impl StatusWriter {
             }
             Err(e) => return Err(e),
         }
-        self.client
-            .merge_patch_status(&res, ns, &name, &json!({"status": status}))?;
         Ok(())
     }
 
