@@ -2,11 +2,13 @@
 # Builds a static HAProxy from Debian's source package, offline except for the Debian mirror the
 # machine already uses, for the images scripts/build-images.sh assembles.
 #
-#   scripts/build-haproxy.sh OUTFILE
+#   scripts/build-haproxy.sh [--suite SUITE] OUTFILE
 #
 # The source is the newest `haproxy` source package the machine's apt sources offer (their deb
 # lines, read as deb-src lines, with a private apt state: the system's apt configuration is not
-# touched). Debian's patches are applied. The binary is linked statically against glibc, OpenSSL,
+# touched). With --suite, the source comes from that Debian suite of the same mirror instead
+# (`--suite forky`: HAProxy 3.2, the release the chart's pods run), built against this machine's
+# libraries all the same. Debian's patches are applied. The binary is linked statically against glibc, OpenSSL,
 # PCRE2 and Lua 5.4 (Debian's static libraries), with the Prometheus exporter and Lua (the Gateway
 # library's RequestMirror filter loads a Lua action; the controller's `haproxy -c` must know
 # `lua-load`), without dlopen or systemd. Builds are cached under
@@ -19,7 +21,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-out=${1:?usage: scripts/build-haproxy.sh OUTFILE}
+suite=""
+if [ "${1:-}" = "--suite" ]; then
+  suite=${2:?usage: scripts/build-haproxy.sh [--suite SUITE] OUTFILE}
+  shift 2
+fi
+out=${1:?usage: scripts/build-haproxy.sh [--suite SUITE] OUTFILE}
 target_dir=${CARGO_TARGET_DIR:-target}
 cache="$target_dir/haproxy-static"
 mkdir -p "$cache"
@@ -50,6 +57,13 @@ for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
   [ -e "$f" ] || continue
   sed -nE 's/^deb (.*)/deb-src \1/p' "$f" >"$work/apt/parts/$(basename "$f").list"
 done
+if [ -n "$suite" ]; then
+  # The first Debian archive among the machine's sources, with SUITE alone.
+  mirror=$(cat "$work"/apt/parts/* 2>/dev/null | grep -oE 'https?://[^ ]*/debian/?( |$)' | head -n1 | tr -d ' ')
+  [ -n "$mirror" ] || { echo "build-haproxy: no Debian archive in the apt sources" >&2; exit 1; }
+  rm -f "$work"/apt/parts/*
+  printf 'deb-src [trusted=yes] %s %s main\n' "$mirror" "$suite" >"$work/apt/parts/suite.list"
+fi
 apt_src() {
   apt-get -q -o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$work/apt/parts" \
     -o Dir::State::Lists="$work/apt/lists" -o Dir::Cache="$work/apt/cache" \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one test command: installs what the tests need when it is missing, then checks formatting,
 # lints, and runs every test: unit, integration, end to end (dev API server, controllers,
-# agents, real HAProxy), the Helm chart and static-binary tests, and the demo's self-check.
+# agents, real HAProxy: Debian's 2.6, and 3.2 for the tests that run it), the Helm chart and
+# static-binary tests, and the demo's self-check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -18,6 +19,19 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 ensure_venv
 echo "==> cargo test --workspace"
 cargo test --workspace
+# The chart's pods run HAProxy 3.2 and the images check with it; Debian's is 2.6. The tests that
+# run HAProxy (the agent's reloads and runtime API, the libraries' output through haproxy -c and
+# traffic, the end-to-end cluster, the command line) run once more with 3.2.
+echo "==> with HAProxy 3.2: agent, libraries, end-to-end and command-line tests"
+haproxy32=$(scripts/haproxy-3.2.sh)
+haproxy32_path=$(mktemp -d /tmp/haptic-haproxy32-path.XXXXXX)
+trap 'rm -rf "$haproxy32_path"' EXIT
+ln -s "$haproxy32" "$haproxy32_path/haproxy"
+PATH="$haproxy32_path:$PATH" HAPTIC_TEST_HAPROXY="$haproxy32" \
+  cargo test -p haptic-agent --test fencing_and_recovery --test runtime_and_reload --test security
+PATH="$haproxy32_path:$PATH" HAPTIC_TEST_HAPROXY="$haproxy32" \
+  cargo test -p haptic --test libraries --test e2e --test cli
+rm -rf "$haproxy32_path"
 echo "==> chart and static binaries"
 scripts/test-chart.sh
 echo "==> scripts/demo.sh --check"

@@ -1220,15 +1220,16 @@ fn agent_get(ip: &str, port: u16, path: &str, basic: &str) -> serde_json::Value 
 fn pods_running_another_haproxy_version_are_refused_with_an_event() {
     require("haproxy");
     let mut c = Cluster::start(&[]);
-    // The controller validates with what claims to be HAProxy 3.2; the pods run the machine's
-    // HAProxy (Debian's 2.6 here; any version but 3.2 does).
+    // The controller validates with what claims to be another HAProxy than the pods run (the
+    // machine's: Debian's 2.6, or 3.2 when the suite runs with HAProxy 3.2).
     let local = local_haproxy_version();
-    assert_ne!(
-        local, "3.2",
-        "the test needs pods running another HAProxy than 3.2"
-    );
-    let fake = c.dir.0.join("haproxy-3.2");
-    std::fs::write(&fake, "#!/bin/sh\nif [ \"$1\" = -v ]; then echo 'HAProxy version 3.2.4-1 2025/08/14'; exit 0; fi\nexec haproxy \"$@\"\n").unwrap();
+    let claimed = if local == "3.2" {
+        "3.0.11-1"
+    } else {
+        "3.2.4-1"
+    };
+    let fake = c.dir.0.join("haproxy-other");
+    std::fs::write(&fake, format!("#!/bin/sh\nif [ \"$1\" = -v ]; then echo 'HAProxy version {claimed} 2025/08/14'; exit 0; fi\nexec haproxy \"$@\"\n")).unwrap();
     std::process::Command::new("chmod")
         .arg("+x")
         .arg(&fake)

@@ -58,16 +58,22 @@ pub struct ProcInfo {
     pub version: String,
     /// Current workers as (pid, reloads survived); old (draining) workers are not listed.
     pub workers: Vec<(u32, u64)>,
-    pub old_workers: Vec<u32>,
+    /// Old workers as (pid, reloads survived).
+    pub old_workers: Vec<(u32, u64)>,
 }
 
 impl ProcInfo {
-    /// The newest current worker: the one that has survived the fewest reloads.
+    /// The worker that serves: the newest current one (the one that has survived the fewest
+    /// reloads). HAProxy 3.1 and later list no current worker after a failed reload: the
+    /// worker from before it is then the newest *old* worker, and it still serves (2.6 keeps it
+    /// under `# workers`). Older old workers only finish their connections.
     pub fn worker_pid(&self) -> Option<u32> {
-        self.workers
-            .iter()
-            .min_by_key(|(_, reloads)| *reloads)
-            .map(|(pid, _)| *pid)
+        let newest = |list: &[(u32, u64)]| {
+            list.iter()
+                .min_by_key(|(_, reloads)| *reloads)
+                .map(|(pid, _)| *pid)
+        };
+        newest(&self.workers).or_else(|| newest(&self.old_workers))
     }
 
     pub fn parse(text: &str) -> Result<ProcInfo, String> {
@@ -107,7 +113,9 @@ impl ProcInfo {
                     info.workers
                         .push((pid, words.get(2).and_then(|w| w.parse().ok()).unwrap_or(0)));
                 }
-                ("old", Some(pid), _) => info.old_workers.push(pid),
+                ("old", Some(pid), _) => info
+                    .old_workers
+                    .push((pid, words.get(2).and_then(|w| w.parse().ok()).unwrap_or(0))),
                 _ => {}
             }
         }
@@ -306,8 +314,35 @@ mod tests {
         let info = ProcInfo::parse(text).unwrap();
         assert_eq!((info.master_pid, info.reloads, info.failed), (5192, 2, 1));
         assert_eq!(info.worker_pid(), Some(5367));
-        assert_eq!(info.old_workers, [5193]);
+        assert_eq!(info.old_workers, [(5193, 2)]);
         assert_eq!(info.version, "2.6.12-1+deb12u4");
         assert!(ProcInfo::parse("Unknown command.\n").is_err());
+    }
+
+    #[test]
+    fn parses_show_proc_of_3_2_after_a_failed_reload() {
+        // As HAProxy 3.2.26 prints it: the worker from before the failed reload is listed as
+        // old, and it is the one that serves; 16001 drains from an earlier reload.
+        let text =
+            "#<PID>          <type>          <reloads>       <uptime>        <version>      \n\
+            16064           master          3 [failed: 1]   0d00h00m02s     3.2.26-1       \n\
+            # workers\n\
+            # old workers\n\
+            16001           worker          3               0d00h00m09s     3.2.26-1       \n\
+            16067           worker          1               0d00h00m02s     3.2.26-1       \n\n";
+        let info = ProcInfo::parse(text).unwrap();
+        assert_eq!((info.master_pid, info.reloads, info.failed), (16064, 3, 1));
+        assert!(info.workers.is_empty());
+        assert_eq!(info.worker_pid(), Some(16067));
+        assert_eq!(info.version, "3.2.26-1");
+        // A current worker always wins over old ones.
+        let reloaded = text.replace(
+            "# workers\n",
+            "# workers\n16070           worker          0               0d00h00m00s     3.2.26-1\n",
+        );
+        assert_eq!(
+            ProcInfo::parse(&reloaded).unwrap().worker_pid(),
+            Some(16070)
+        );
     }
 }

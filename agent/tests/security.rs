@@ -156,7 +156,7 @@ fn insecure_basic_auth_mode_requires_the_credentials() {
         .arg(&env.master)
         .args([
             "--haproxy-bin",
-            HAPROXY,
+            &haproxy_bin(),
             "--listen",
             &format!("{ip}:{api}"),
             "--probe-listen",
@@ -255,7 +255,7 @@ fn rotated_tls_files_are_picked_up_without_a_restart() {
         .arg(&env.master)
         .args([
             "--haproxy-bin",
-            HAPROXY,
+            &haproxy_bin(),
             "--listen",
             &format!("{ip}:{api}"),
             "--probe-listen",

@@ -25,7 +25,14 @@ mod os;
 #[allow(unused_imports)] // each test crate uses some of them
 pub use os::{agent_loopback, agent_loopback_sans, connect_from, unique_loopback, Tied};
 
-pub const HAPROXY: &str = "/usr/sbin/haproxy";
+/// The HAProxy the tests run: Debian's, or `HAPTIC_TEST_HAPROXY` (scripts/test.sh runs the
+/// agent and end-to-end tests once more with HAProxy 3.2, the release the chart's pods run).
+pub fn haproxy_bin() -> String {
+    std::env::var("HAPTIC_TEST_HAPROXY")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "/usr/sbin/haproxy".into())
+}
 
 /// Polls `f` until it returns `Some`, panicking with `what` after `timeout`.
 pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
@@ -322,8 +329,9 @@ pub struct Env {
 impl Env {
     pub fn start(opts: Options) -> Env {
         assert!(
-            Path::new(HAPROXY).exists(),
-            "{HAPROXY} is missing: install Debian's haproxy package (scripts/test.sh does)"
+            Path::new(&haproxy_bin()).exists(),
+            "{} is missing: install Debian's haproxy package (scripts/test.sh does)",
+            haproxy_bin()
         );
         let root = temp_dir("env");
         let cfg_dir = root.join("cfg");
@@ -377,7 +385,7 @@ impl Env {
 
     pub fn start_haproxy(&mut self) {
         let log = std::fs::File::create(self.root.join("haproxy.log")).unwrap();
-        let child = Command::new(HAPROXY)
+        let child = Command::new(haproxy_bin())
             .arg("-W")
             .arg("-db")
             .arg("-S")
@@ -405,6 +413,16 @@ impl Env {
                 info.worker_pid()
             },
         );
+        // HAProxy 3.1 and later list the worker as soon as it is forked, before it has read
+        // its configuration and bound its listeners: wait until it answers.
+        wait_for(
+            "the HAProxy worker answers",
+            Duration::from_secs(10),
+            || {
+                let info = self.haproxy_api().runtime("show info", None).ok()?;
+                info.contains("Pid:").then_some(())
+            },
+        );
     }
 
     pub fn stop_haproxy(&mut self) {
@@ -421,7 +439,7 @@ impl Env {
             .arg(&self.cfg_dir)
             .arg("--master-socket")
             .arg(&self.master)
-            .args(["--haproxy-bin", HAPROXY])
+            .args(["--haproxy-bin", &haproxy_bin()])
             .args(["--listen", &format!("{}:{}", self.ip, self.api_port)])
             .args([
                 "--probe-listen",
@@ -474,7 +492,7 @@ impl Env {
         Haproxy {
             master_socket: self.master.clone(),
             worker_socket: None,
-            binary: HAPROXY.into(),
+            binary: haproxy_bin().into(),
             command_timeout: Duration::from_secs(5),
             reload_timeout: Duration::from_secs(15),
         }
