@@ -237,16 +237,19 @@ fn ingress_routes_and_deletion_stops_routing() {
     );
 }
 
-/// The server lines of the `web` Service's backend in a haproxy.cfg.
+/// The server lines of the `web` Service's backend in a haproxy.cfg (none before it exists).
 fn web_servers(cfg: &str) -> Vec<String> {
     cfg.split("\nbackend ")
         .find(|section| section.contains("_web_"))
-        .unwrap_or_else(|| panic!("no backend of the web Service in:\n{cfg}"))
-        .lines()
-        .map(str::trim)
-        .filter(|l| l.starts_with("server "))
-        .map(str::to_string)
-        .collect()
+        .map(|section| {
+            section
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.starts_with("server "))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[test]
@@ -432,6 +435,127 @@ fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
         );
         out.starts_with("false ") && out.contains("frontend")
     });
+}
+
+#[test]
+fn a_standby_that_takes_over_keeps_the_server_slots_the_pods_run() {
+    require("haproxy");
+    let mut c = Cluster::start(&[]);
+    c.apply_config(&c.config_object(""));
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    let (web1, web2) = (Backend::start("web-1"), Backend::start("web-2"));
+    c.create_service("web", &[&web1, &web2]);
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("web", "web.example.com", "web", "")),
+    );
+    assert!(ok, "{out}");
+    let rendered = |c: &Cluster, i: usize| {
+        let ctrl = &c.controllers[i];
+        // Empty until the controller answers.
+        ctrl.get(ctrl.health_port, "/debug/rendered")
+            .map(|(_, cfg)| cfg)
+            .unwrap_or_default()
+    };
+    let has = |cfg: &str, b: &Backend| {
+        web_servers(cfg)
+            .iter()
+            .any(|l| l.contains(&format!(":{} ", b.port)))
+    };
+    wait_for("both in the config", DEADLINE, || {
+        let cfg = rendered(&c, 0);
+        cfg.contains("\nbackend ") && has(&cfg, &web1) && has(&cfg, &web2)
+    });
+    // The backend in the first slot goes; the other keeps its slot on the pods.
+    let first = web_servers(&rendered(&c, 0))[0].clone();
+    let gone = usize::from(!first.contains(&format!(":{} ", web1.port)));
+    let kept = if gone == 0 { &web2 } else { &web1 };
+    let (ok, out) = c.kubectl(
+        &["delete", "endpointslice", &format!("web-slice-{gone}")],
+        None,
+    );
+    assert!(ok, "{out}");
+    let slot_of = |cfg: &str| {
+        web_servers(cfg)
+            .iter()
+            .position(|l| l.contains(&format!(":{} ", kept.port)))
+    };
+    wait_for("one backend left", DEADLINE, || {
+        web_servers(&rendered(&c, 0))
+            .iter()
+            .filter(|l| l.contains(" enabled"))
+            .count()
+            == 1
+    });
+    let deployed = rendered(&c, 0);
+    assert!(slot_of(&deployed) > Some(0), "{:?}", web_servers(&deployed));
+    let published = |c: &Cluster| {
+        let (ok, out) = c.kubectl(
+            &[
+                "get",
+                "hpcfg",
+                "haptic-e2e-haproxycfg",
+                "-o",
+                "jsonpath={.spec.checksum} {.spec.bundle}",
+            ],
+            None,
+        );
+        ok.then_some(out)
+    };
+    let checksum = format!(
+        "sha256:{}",
+        haptic_agent::protocol::sha256_hex(deployed.as_bytes())
+    );
+    wait_for("the config published", DEADLINE, || {
+        published(&c).is_some_and(|p| p.starts_with(&format!("{checksum} ")))
+    });
+    let bundle = published(&c)
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .to_string();
+
+    // A standby that starts without the published config (deleted here; the leader writes it
+    // again only with its next change) renders the slots afresh: the kept backend first.
+    let (ok, out) = c.kubectl(&["delete", "hpcfg", "haptic-e2e-haproxycfg"], None);
+    assert!(ok, "{out}");
+    let standby = c.start_controller("ctrl-b");
+    wait_for("the standby renders its own slots", DEADLINE, || {
+        slot_of(&rendered(&c, standby)) == Some(0)
+    });
+    // The leader publishes again (another compression threshold: the same configuration).
+    let mut config = c.config_object("");
+    config["spec"]["controller"]["configPublishing"] = json!({"compressionThreshold": 4096});
+    c.apply_config(&config);
+    wait_for("the config published again", DEADLINE, || {
+        published(&c).is_some_and(|p| p.starts_with(&format!("{checksum} ")))
+    });
+    assert_eq!(slot_of(&rendered(&c, standby)), Some(0));
+
+    // The leader goes: the standby takes the published slots before its first push, so the
+    // pods keep what they run, and HAProxy is not touched.
+    let pids = worker_pids(&c);
+    c.controllers[0].kill();
+    wait_for("ctrl-b leads", Duration::from_secs(60), || {
+        c.leader_index() == Some(standby)
+    });
+    wait_for("ctrl-b renders the pods' slots", DEADLINE, || {
+        rendered(&c, standby) == deployed
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let ctrl_b = &c.controllers[standby];
+    let (_, pods) = ctrl_b.get(ctrl_b.health_port, "/debug/pods").unwrap();
+    assert!(
+        pods.contains(&format!("\"applied_bundle\": \"{bundle}\"")),
+        "the pod should still run bundle {bundle}: {pods}"
+    );
+    assert_eq!(rendered(&c, standby), deployed);
+    assert_eq!(pids, worker_pids(&c));
+    assert!(c
+        .controller_log("ctrl-b")
+        .contains("taking the server slots of the published bundle"));
 }
 
 #[test]

@@ -180,16 +180,8 @@ fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
     };
     shared.set_leadership(leadership.clone());
     // The previous leader's published config keeps server slots stable across leaders.
-    let published = format!("{}-haproxycfg", opts.config_name);
-    if let Ok(cfg) = client.get(&status::haproxycfg_resource(), Some(namespace), &published) {
-        match hpcfg::content(&cfg) {
-            Ok(content) => {
-                let _ = ch.control_tx.send(ControlMsg::CurrentConfig(content));
-            }
-            Err(e) => log::warn!(
-                "HAProxyCfg {namespace}/{published} is unreadable, so server slots start afresh: {e}"
-            ),
-        }
+    if let Some((content, _)) = read_published(client, namespace, &opts.config_name) {
+        let _ = ch.control_tx.send(ControlMsg::CurrentConfig(content));
     }
     let transport = match &opts.agent_credentials_dir {
         Some(dir) => {
@@ -345,7 +337,7 @@ pub fn run(opts: Options) -> Result<(), String> {
         crossbeam_channel::select! {
             recv(config_events_rx) -> _ => {}
             recv(leader_rx) -> ev => if let Ok(ev) = ev {
-                leadership_changed(&ev, &shared, &ch);
+                leadership_changed(&ev, &shared, &wiring);
             },
             default(Duration::from_millis(100)) => {}
         }
@@ -412,9 +404,35 @@ fn controller_metrics() -> Registry {
     metrics
 }
 
+/// The haproxy.cfg and bundle hash of the published `HAProxyCfg`, when there is a readable one.
+fn read_published(client: &Client, namespace: &str, config_name: &str) -> Option<(String, String)> {
+    let name = format!("{config_name}-haproxycfg");
+    let object = client
+        .get(&status::haproxycfg_resource(), Some(namespace), &name)
+        .ok()?;
+    match hpcfg::content(&object) {
+        Ok(content) => {
+            let bundle = object
+                .pointer("/spec/bundle")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            Some((content, bundle))
+        }
+        Err(e) => {
+            log::warn!(
+                "HAProxyCfg {namespace}/{name} is unreadable, so server slots start afresh: {e}"
+            );
+            None
+        }
+    }
+}
+
 /// Leadership gained or lost: metrics, the event log, and the deployer (which learns every
-/// pod's state again before pushing).
-fn leadership_changed(event: &LeaderEvent, shared: &Shared, ch: &Channels) {
+/// pod's state again before pushing). A gained lead goes to the deployer through the
+/// reconciler, which first takes the server slots the previous leader published.
+fn leadership_changed(event: &LeaderEvent, shared: &Shared, w: &Wiring) {
+    let ch = w.ch;
     let leading = matches!(event, LeaderEvent::Started { .. });
     let metrics = &shared.metrics;
     metrics.set(
@@ -428,7 +446,12 @@ fn leadership_changed(event: &LeaderEvent, shared: &Shared, ch: &Channels) {
     } else {
         "leader lost"
     });
-    let _ = ch.deploy_tx.send(DeployMsg::Leadership);
+    if leading {
+        let published = read_published(w.client, w.namespace, &w.opts.config_name);
+        let _ = ch.control_tx.send(ControlMsg::Leading(published));
+    } else {
+        let _ = ch.deploy_tx.send(DeployMsg::Leadership);
+    }
 }
 
 fn join_until(handle: std::thread::JoinHandle<()>, deadline: Instant) {

@@ -26,6 +26,12 @@ pub(crate) enum ControlMsg {
     Config(Arc<ActiveConfig>),
     /// The deployed config as last published (HAProxyCfg), to keep server slots stable.
     CurrentConfig(String),
+    /// This replica leads now, with the haproxy.cfg and bundle hash the previous leader
+    /// published (`None`: none could be read). A standby's server slots follow its own renders,
+    /// which can differ from what the pods run (its renders saw the changes in other windows):
+    /// when the published bundle is not its own, it takes the published slots and renders again
+    /// before the deployer starts its term, so that the first push keeps the pods' slots.
+    Leading(Option<(String, String)>),
     Shutdown,
 }
 
@@ -52,6 +58,9 @@ struct Loop {
     events: usize,
     last_validated: Option<Bundle>,
     current_config: Option<Arc<CurrentConfig>>,
+    /// `current_config` was taken from the published config, not from `last_validated`: the
+    /// next one is parsed in full rather than updated from `last_validated`.
+    adopted: bool,
     /// Memoized render units and the objects left out after failed checks (DESIGN §4).
     cache: RenderCache,
 }
@@ -95,6 +104,7 @@ impl Reconciler {
             events: 0,
             last_validated: None,
             current_config: None,
+            adopted: false,
             cache: RenderCache::new(),
         };
         loop {
@@ -117,12 +127,40 @@ impl Reconciler {
                             s.current_config = Some(Arc::new(CurrentConfig::parse(&text)));
                         }
                     }
+                    Ok(ControlMsg::Leading(published)) => {
+                        self.take_over(&mut s, published);
+                        let _ = self.deployer.send(DeployMsg::Leadership);
+                    }
                     Ok(ControlMsg::Shutdown) | Err(_) => return,
                 },
                 default(timeout) => {}
             }
             self.maybe_render(&mut s);
         }
+    }
+
+    /// Adopts the published slots when the published bundle is not this replica's own last
+    /// one, and renders with them at once (when it can: a config, and every store synced).
+    fn take_over(&self, s: &mut Loop, published: Option<(String, String)>) {
+        let Some((text, bundle)) = published else {
+            return;
+        };
+        let own = s.last_validated.as_ref().map(|b| b.hash());
+        if own.as_ref().is_some_and(|h| h.as_str() == bundle) {
+            return;
+        }
+        log::info!(
+            "leading: taking the server slots of the published bundle={} (this replica's last: {})",
+            bundle.get(..12).unwrap_or(&bundle),
+            own.as_ref()
+                .map_or("none", |h| h.as_str().get(..12).unwrap_or("?"))
+        );
+        s.current_config = Some(Arc::new(CurrentConfig::parse(&text)));
+        s.adopted = true;
+        s.pending = true;
+        s.first_change.get_or_insert_with(Instant::now);
+        s.last_render = None;
+        self.maybe_render(s);
     }
 
     fn next_timeout(&self, s: &Loop) -> Duration {
@@ -342,10 +380,13 @@ impl Reconciler {
         // The next render's current_config: from the last one when it is the parse of the last
         // validated bundle (only the sections that changed are parsed again).
         let next = match (&s.current_config, &s.last_validated) {
-            (Some(current), Some(last)) => current.update(&last.haproxy_cfg, &bundle.haproxy_cfg),
+            (Some(current), Some(last)) if !s.adopted => {
+                current.update(&last.haproxy_cfg, &bundle.haproxy_cfg)
+            }
             _ => CurrentConfig::parse(&bundle.haproxy_cfg),
         };
         s.current_config = Some(Arc::new(next));
+        s.adopted = false;
         let published = Arc::new(Published {
             bundle: bundle.clone(),
             hash: hash.clone(),
