@@ -21,6 +21,7 @@ pub mod base64;
 pub mod classify;
 pub mod haproxy_cfg;
 pub mod logging;
+pub mod net;
 pub mod protocol;
 pub mod reload;
 pub mod time;

@@ -11,7 +11,6 @@
 //! Argument parsing is hand-written: a dozen flags do not need a crate. Logging is the
 //! workspace's one logger (`haptic_agent::logging`).
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -180,17 +179,18 @@ fn serve(raw: &[String]) -> Result<(), String> {
             ..limits.http
         };
     }
-    let listen = args.get("--listen").unwrap_or("0.0.0.0:5555");
-    let probe_listen = args.get("--probe-listen").unwrap_or("0.0.0.0:5556");
+    let listen = args.get("--listen").unwrap_or("[::]:5555");
+    let probe_listen = args.get("--probe-listen").unwrap_or("[::]:5556");
     // Fault injection for the crash-recovery tests; compiled out of release builds.
     #[cfg(debug_assertions)]
     let fault = std::env::var("HAPTIC_AGENT_FAULT").ok();
     #[cfg(not(debug_assertions))]
     let fault = None;
     let agent = Arc::new(Agent::open(&config_dir, haproxy, fault)?);
-    let api = TcpListener::bind(listen).map_err(|e| format!("listen on {listen}: {e}"))?;
-    let probes =
-        TcpListener::bind(probe_listen).map_err(|e| format!("listen on {probe_listen}: {e}"))?;
+    let (api, listen) =
+        haptic_agent::net::listen(listen).map_err(|e| format!("listen on {listen}: {e}"))?;
+    let (probes, probe_listen) = haptic_agent::net::listen(probe_listen)
+        .map_err(|e| format!("listen on {probe_listen}: {e}"))?;
     log::info!(
         "haptic-agent serving api={listen} probes={probe_listen} config_dir={}",
         config_dir.display()

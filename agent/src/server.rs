@@ -193,7 +193,8 @@ fn serve(
         let Ok(peer) = stream.peer_addr() else {
             continue;
         };
-        let admitted = match gate.admit(peer.ip()) {
+        // IPv4 peers of a dual-stack listener arrive IPv4-mapped: one address per peer.
+        let admitted = match gate.admit(peer.ip().to_canonical()) {
             Ok(a) => a,
             Err(why) => {
                 log::debug!("refusing connection peer={peer}: {why}");

@@ -202,6 +202,10 @@ templatingSettings:
     haproxy_service_namespace: {{ .Release.Namespace | quote }}
     haproxy_service_name: {{ printf "%s-haproxy" (include "haptic.fullname" .) | quote }}
     status_node_addresses: {{ or .Values.haproxy.hostNetwork .Values.haproxy.hostPorts }}
+    {{- if .Values.haproxy.ipv6 }}
+    {{- /* Every frontend on [::]: both address families (IPv6-only and dual-stack clusters) */}}
+    bind_address: "[::]"
+    {{- end }}
 # The libraries' own validation tests stay in the library files (scripts/test.sh runs them with
 # haptic validate): the controller never runs them, they are most of the object's size, and a
 # library's tests may use resources only another library watches, which would make a partial

@@ -35,15 +35,16 @@ pub(super) fn flag_or_env(parsed: &super::args::Parsed, flag: &str, env: &str) -
         .filter(|v| !v.is_empty())
 }
 
-/// `9090` → `0.0.0.0:9090`; `127.0.0.1:9090` as is.
+/// `9090` → `[::]:9090` (both address families; `0.0.0.0:9090` where the kernel has no IPv6,
+/// `haptic_agent::net`); `127.0.0.1:9090` as is.
 fn listen_addr(value: Option<String>, default: u16) -> Result<Option<String>, String> {
     match value {
-        None => Ok(Some(format!("0.0.0.0:{default}"))),
+        None => Ok(Some(format!("[::]:{default}"))),
         Some(v) if v == "0" => Ok(None),
         Some(v) if v.contains(':') => Ok(Some(v)),
         Some(v) => v
             .parse::<u16>()
-            .map(|p| Some(format!("0.0.0.0:{p}")))
+            .map(|p| Some(format!("[::]:{p}")))
             .map_err(|_| format!("bad port {v:?}")),
     }
 }

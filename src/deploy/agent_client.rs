@@ -147,7 +147,12 @@ impl AgentClient {
                 let mut all: Vec<(&str, String)> = headers.to_vec();
                 all.push(("Authorization", format!("Basic {credentials}")));
                 let mut stream = tcp;
-                exchange(&mut stream, &ip.to_string(), method, path, &all, body).map_err(context)
+                // An IPv6 pod address is bracketed in Host (RFC 9110, as in a URL).
+                let host = match ip {
+                    std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+                    v4 => v4.to_string(),
+                };
+                exchange(&mut stream, &host, method, path, &all, body).map_err(context)
             }
         }
     }
@@ -249,5 +254,49 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
         ));
         assert!(parse_response(b"garbage").is_none());
+    }
+
+    /// An agent at an IPv6 pod address (IPv6-only clusters): reached, with a bracketed Host.
+    #[test]
+    fn reaches_an_agent_at_an_ipv6_address() {
+        use std::io::{BufRead, BufReader};
+        let dir =
+            std::env::temp_dir().join(format!("haptic-agent-client-v6-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("username"), "haptic\n").unwrap();
+        std::fs::write(dir.join("password"), "pw\n").unwrap();
+        let listener = std::net::TcpListener::bind("[::1]:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut head = Vec::new();
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                if line == "\r\n" || line.is_empty() {
+                    break;
+                }
+                head.push(line.trim_end().to_string());
+            }
+            let mut stream = stream;
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+                .unwrap();
+            head
+        });
+        let client = AgentClient::new(
+            Transport::BasicAuth { dir: dir.clone() },
+            port,
+            Duration::from_secs(5),
+        );
+        let reply = client
+            .request("::1", "GET", "/v1/state", &[], None)
+            .unwrap();
+        assert_eq!((reply.status, reply.text().as_str()), (200, "{}"));
+        let head = server.join().unwrap();
+        assert_eq!(head[0], "GET /v1/state HTTP/1.1");
+        assert!(head.contains(&"Host: [::1]".to_string()), "{head:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

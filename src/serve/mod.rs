@@ -33,7 +33,10 @@ fn serve(
     stop: Arc<AtomicBool>,
     handle: impl Fn(Request) + Send + 'static,
 ) -> Result<(), String> {
-    let server = Server::http(addr).map_err(|e| format!("{name}: listen on {addr}: {e}"))?;
+    let (listener, addr) =
+        haptic_agent::net::listen(addr).map_err(|e| format!("{name}: listen on {addr}: {e}"))?;
+    let server = Server::from_listener(listener, None)
+        .map_err(|e| format!("{name}: listen on {addr}: {e}"))?;
     log::info!("{name} listening on {addr}");
     std::thread::Builder::new()
         .name(name.into())
@@ -51,7 +54,12 @@ fn serve(
 }
 
 fn is_loopback(request: &Request) -> bool {
-    request.remote_addr().is_some_and(|a| a.ip().is_loopback())
+    request.remote_addr().is_some_and(from_loopback)
+}
+
+/// IPv4 clients of a dual-stack listener arrive as IPv4-mapped addresses (::ffff:127.0.0.1).
+fn from_loopback(peer: &std::net::SocketAddr) -> bool {
+    peer.ip().to_canonical().is_loopback()
 }
 
 fn json<T: serde::Serialize>(value: &T) -> String {
@@ -141,4 +149,25 @@ pub(crate) fn start_metrics(
             reply(request, 404, "text/plain", "not found\n".into());
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn loopback_clients_of_either_family_are_loopback() {
+        for (peer, loopback) in [
+            ("127.0.0.1:1", true),
+            ("[::1]:1", true),
+            ("[::ffff:127.0.0.1]:1", true),
+            ("[::ffff:10.0.0.1]:1", false),
+            ("10.0.0.1:1", false),
+            ("[fd00::1]:1", false),
+        ] {
+            assert_eq!(
+                super::from_loopback(&peer.parse().unwrap()),
+                loopback,
+                "{peer}"
+            );
+        }
+    }
 }

@@ -5,7 +5,7 @@
 //! its files change.
 
 use std::io::BufReader;
-use std::net::{IpAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -122,8 +122,8 @@ pub(crate) fn start(
     if let Err(e) = tls.config() {
         log::warn!("webhook certificate not available yet ({e}); the webhook answers once it is");
     }
-    let listener =
-        TcpListener::bind(addr).map_err(|e| format!("webhook: listen on {addr}: {e}"))?;
+    let (listener, addr) =
+        haptic_agent::net::listen(addr).map_err(|e| format!("webhook: listen on {addr}: {e}"))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
     log::info!("webhook listening on {addr}");
     let webhook = Arc::new(Webhook {
@@ -142,7 +142,7 @@ pub(crate) fn start(
             while !stop.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((stream, peer)) => {
-                        let admitted = match gate.admit(peer.ip()) {
+                        let admitted = match gate.admit(peer.ip().to_canonical()) {
                             Ok(a) => a,
                             Err(why) => {
                                 log::debug!("webhook: refusing connection peer={peer}: {why}");
@@ -169,7 +169,7 @@ pub(crate) fn start(
 }
 
 fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
-    let Ok(peer) = stream.peer_addr().map(|a| a.ip()) else {
+    let Ok(peer) = stream.peer_addr().map(|a| a.ip().to_canonical()) else {
         return;
     };
     let _ = stream.set_nonblocking(false);

@@ -115,6 +115,13 @@ VARIANTS = {
             "statusFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}, {"ipBlock": {"cidr": "10.0.0.0/8"}}],
         },
     },
+    "ipv6": {
+        "libraries": {"gateway": {"enabled": True}},
+        "haproxy": {
+            "ipv6": True,
+            "service": {"type": "LoadBalancer", "ipFamilyPolicy": "RequireDualStack", "ipFamilies": ["IPv6", "IPv4"]},
+        },
+    },
     "high-ports-capability": {
         "haproxy": {"ports": {"http": 8080, "https": 8443}, "privilegedPorts": "capability"},
     },
@@ -269,7 +276,7 @@ class Crds(unittest.TestCase):
 
 class Lint(unittest.TestCase):
     def test_lint_strict_is_clean(self):
-        for variant in ["defaults", "cert-manager", "everything", "single-replica", "daemonset-host-network", "autoscaled-host-ports"]:
+        for variant in ["defaults", "cert-manager", "everything", "single-replica", "daemonset-host-network", "autoscaled-host-ports", "ipv6"]:
             for kube in ["v1.29.0", "v1.33.0"]:
                 report = helm_python.lint(
                     str(CHART), VARIANTS[variant], strict=True, namespace=NAMESPACE, kube_version=kube
@@ -532,6 +539,34 @@ class Manifests(unittest.TestCase):
         # An autoscaler whose minimum is one replica gets no PDB (it would block node drains).
         _, _, docs = render("autoscaled-host-ports", {"haproxy": {"autoscaling": {"minReplicas": 1}}})
         self.assertEqual(find(docs, "PodDisruptionBudget", f"{FULLNAME}-haproxy"), [])
+
+    def test_ipv6_binds_both_families(self):
+        """IPv6-only and dual-stack clusters: the pods take connections of both families (HAProxy
+        with haproxy.ipv6 on [::], the agent always on [::]), the Service asks for both."""
+        _, _, docs = render("ipv6")
+        cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
+        self.assertEqual(cfg["templatingSettings"]["extraContext"]["bind_address"], "[::]")
+        bootstrap = one(docs, "ConfigMap", f"{FULLNAME}-haproxy-bootstrap")["data"]["haproxy.cfg"]
+        self.assertEqual(re.findall(r"bind (\S+)", bootstrap), ["[::]:8404", "[::]:80"])
+        self.assert_haproxy_valid(bootstrap)
+        svc = one(docs, "Service", f"{FULLNAME}-haproxy")["spec"]
+        self.assertEqual((svc["ipFamilyPolicy"], svc["ipFamilies"]), ("RequireDualStack", ["IPv6", "IPv4"]))
+        deploy = one(docs, "Deployment", f"{FULLNAME}-haproxy")
+        args = container(deploy, "haptic-agent")["args"]
+        self.assertEqual(args[args.index("--listen") + 1], "[::]:5555")
+        self.assertEqual(args[args.index("--probe-listen") + 1], "[::]:5556")
+        # The defaults: HAProxy on * (IPv4; a kernel without IPv6 cannot bind [::]), the agent
+        # on [::] all the same (it falls back to 0.0.0.0 by itself), the cluster's families.
+        _, _, docs = render("defaults")
+        cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
+        self.assertEqual(cfg["templatingSettings"]["extraContext"]["bind_address"], "", "the library default: *")
+        bootstrap = one(docs, "ConfigMap", f"{FULLNAME}-haproxy-bootstrap")["data"]["haproxy.cfg"]
+        self.assertEqual(re.findall(r"bind (\S+)", bootstrap), ["*:8404", "*:80"])
+        svc = one(docs, "Service", f"{FULLNAME}-haproxy")["spec"]
+        self.assertNotIn("ipFamilyPolicy", svc)
+        self.assertNotIn("ipFamilies", svc)
+        args = container(one(docs, "Deployment", f"{FULLNAME}-haproxy"), "haptic-agent")["args"]
+        self.assertEqual(args[args.index("--listen") + 1], "[::]:5555")
 
     def test_haproxy_workload_refusals_name_the_values(self):
         self.assertIn("haproxy.hostNetwork with ports below 1024 needs haproxy.privilegedPorts: capability",
@@ -1258,7 +1293,7 @@ class Config(unittest.TestCase):
         haptic = os.environ.get("HAPTIC_BIN")
         if not haptic:
             self.skipTest("HAPTIC_BIN not set (run scripts/test-chart.sh)")
-        for variant in ("defaults", "everything", "libraries-toggled", "base-only"):
+        for variant in ("defaults", "everything", "libraries-toggled", "base-only", "ipv6"):
             values, _, docs = render(variant)
             cfg = one(docs, "HAProxyTemplateConfig", FULLNAME)
             self.assertNotIn("validationTests", cfg["spec"], "the libraries' tests stay in their files")
