@@ -62,7 +62,7 @@ if [ -n "$suite" ]; then
   mirror=$(cat "$work"/apt/parts/* 2>/dev/null | grep -oE 'https?://[^ ]*/debian/?( |$)' | head -n1 | tr -d ' ')
   [ -n "$mirror" ] || { echo "build-haproxy: no Debian archive in the apt sources" >&2; exit 1; }
   rm -f "$work"/apt/parts/*
-  printf 'deb-src [trusted=yes] %s %s main\n' "$mirror" "$suite" >"$work/apt/parts/suite.list"
+  printf 'deb-src %s %s main\n' "$mirror" "$suite" >"$work/apt/parts/suite.list"
 fi
 apt_src() {
   apt-get -q -o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$work/apt/parts" \

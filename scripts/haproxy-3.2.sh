@@ -8,7 +8,9 @@
 # takes Debian forky's binary package `haproxy` and the libraries it links (glibc, OpenSSL, PCRE2,
 # Lua, jemalloc, …) from the same suite, through apt with a private state (the signed InRelease
 # and the package hashes are checked as apt always does; the system's apt configuration is not
-# touched). The packages are unpacked under $CARGO_TARGET_DIR/haproxy-forky/<version>/root, and
+# touched). forky (Debian testing) is asked first, then sid and trixie-backports, for the
+# first that offers a 3.2. The packages are unpacked under
+# $CARGO_TARGET_DIR/haproxy-forky/<version>/root, and
 # the binary gets that root's dynamic loader and libraries (patchelf), since this machine's are
 # older. Nothing is installed system-wide. Once one is cached it is used as it is (remove
 # $CARGO_TARGET_DIR/haproxy-forky/ to take the suite's newest 3.2 again), so runs after the first
@@ -17,18 +19,29 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-suite=forky
 target_dir=${CARGO_TARGET_DIR:-target}
-mkdir -p "$target_dir/haproxy-$suite"
-cache=$(cd "$target_dir/haproxy-$suite" && pwd)
+mkdir -p "$target_dir/haproxy-forky"
+cache=$(cd "$target_dir/haproxy-forky" && pwd)
 
-ensure_packages patchelf:patchelf dpkg-deb:dpkg >&2
+ensure_packages patchelf:patchelf dpkg-deb:dpkg flock:util-linux >&2
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/haptic-haproxy32.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+staging=""
+trap 'rm -rf "$work" ${staging:+"$staging"}' EXIT
 
+# One preparation at a time (two test runs on one machine share the cache).
+exec 9>"$cache/.lock"
+flock 9
+
+# A cached version that runs (only finished ones: `<version>/haproxy`).
 newest_cached() {
-  find "$cache" -mindepth 2 -maxdepth 2 -name haproxy -type f 2>/dev/null | sort -V | tail -n1
+  local bin
+  for bin in $(find "$cache" -mindepth 2 -maxdepth 2 -path "$cache/[0-9]*/haproxy" -type f 2>/dev/null | sort -rV); do
+    if "$bin" -v 2>/dev/null | head -n1 | grep -q "version 3\.2\."; then
+      echo "$bin"
+      return
+    fi
+  done
 }
 
 cached=$(newest_cached)
@@ -37,27 +50,37 @@ if [ -n "$cached" ]; then
   exit 0
 fi
 
-# A private apt configuration: the first Debian archive among the machine's sources, suite forky.
+# A private apt configuration: the first Debian archive among the machine's sources, with the
+# first of these suites that has a 3.2 (forky is Debian testing, which moves on one day).
 mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
   | grep -oE 'https?://[^ ]*/debian/?( |$)' | head -n1 | tr -d ' ' || true)
 [ -n "$mirror" ] || { echo "haproxy-3.2: no Debian archive in the apt sources" >&2; exit 1; }
-mkdir -p "$work/apt/parts" "$work/apt/lists/partial" "$work/apt/cache/archives/partial" "$work/debs"
-printf 'deb [arch=amd64] %s %s main\n' "$mirror" "$suite" >"$work/apt/parts/suite.list"
-: >"$work/status"
 apt_priv() {
   apt-get -q -o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$work/apt/parts" \
     -o Dir::State::Lists="$work/apt/lists" -o Dir::Cache="$work/apt/cache" \
     -o Dir::State::status="$work/status" -o APT::Sandbox::User=root "$@"
 }
-apt_priv update -qq >"$work/update.log" 2>&1 || { cat "$work/update.log" >&2; exit 1; }
-
-# haproxy and the closure of the libraries it depends on (lib* and their gcc base packages;
-# maintainer-script tools such as adduser are not needed to run the binary).
 apt_cache_priv() {
   apt-cache -o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$work/apt/parts" \
     -o Dir::State::Lists="$work/apt/lists" -o Dir::Cache="$work/apt/cache" \
     -o Dir::State::status="$work/status" "$@"
 }
+suite=""
+for candidate in forky sid trixie-backports; do
+  rm -rf "$work/apt"
+  mkdir -p "$work/apt/parts" "$work/apt/lists/partial" "$work/apt/cache/archives/partial"
+  printf 'deb [arch=amd64] %s %s main\n' "$mirror" "$candidate" >"$work/apt/parts/suite.list"
+  : >"$work/status"
+  apt_priv update -qq >"$work/update.log" 2>&1 || { cat "$work/update.log" >&2; continue; }
+  case "$(apt_cache_priv show --no-all-versions haproxy 2>/dev/null | sed -n 's/^Version: //p' | head -n1)" in
+    3.2.*) suite=$candidate; break ;;
+  esac
+done
+[ -n "$suite" ] || { echo "haproxy-3.2: no Debian suite of $mirror offers haproxy 3.2 (tried forky, sid, trixie-backports)" >&2; exit 1; }
+mkdir -p "$work/debs"
+
+# haproxy and the closure of the libraries it depends on (lib* and their gcc base packages;
+# maintainer-script tools such as adduser are not needed to run the binary).
 # One `apt-cache show` per package: haproxy, then the packages its Depends name, breadth first.
 packages="" todo="haproxy" seen=" "
 while [ -n "$todo" ]; do
@@ -87,15 +110,18 @@ for deb in "$work"/debs/*.deb; do dpkg-deb -x "$deb" "$work/out/root"; done
 # The final place, so that the paths written into the binary hold; then moved there at once
 # (a concurrent run builds the same thing and one of the two renames wins).
 final="$cache/$version"
-staging="$cache/.$version.$$"
-rm -rf "$staging"
+staging="$cache/.staging.$$"
+rm -rf "$staging" "$final"
 mv "$work/out" "$staging"
 lib="$final/root/usr/lib/x86_64-linux-gnu"
 cp "$staging/root/usr/sbin/haproxy" "$staging/haproxy"
 patchelf --set-interpreter "$lib/ld-linux-x86-64.so.2" --force-rpath --set-rpath "$lib" "$staging/haproxy"
-if ! mv -T "$staging" "$final" 2>/dev/null; then
-  rm -rf "$staging"
+mv -T "$staging" "$final"
+staging=""
+if ! "$final/haproxy" -v | head -n1 | grep -q "version 3\.2\."; then
+  echo "haproxy-3.2: $final/haproxy does not run" >&2
+  "$final/haproxy" -v >&2 || true
+  rm -rf "$final"
+  exit 1
 fi
-"$final/haproxy" -v | head -n1 | grep -q "version 3\.2\." \
-  || { echo "haproxy-3.2: $final/haproxy does not run" >&2; "$final/haproxy" -v >&2 || true; exit 1; }
 echo "$final/haproxy"

@@ -24,7 +24,7 @@ cargo test --workspace
 # traffic, the end-to-end cluster, the command line) run once more with 3.2.
 echo "==> with HAProxy 3.2: agent, libraries, end-to-end and command-line tests"
 haproxy32=$(scripts/haproxy-3.2.sh)
-haproxy32_path=$(mktemp -d /tmp/haptic-haproxy32-path.XXXXXX)
+haproxy32_path=$(mktemp -d "${TMPDIR:-/tmp}/haptic-haproxy32-path.XXXXXX")
 trap 'rm -rf "$haproxy32_path"' EXIT
 ln -s "$haproxy32" "$haproxy32_path/haproxy"
 PATH="$haproxy32_path:$PATH" HAPTIC_TEST_HAPROXY="$haproxy32" \

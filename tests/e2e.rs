@@ -277,8 +277,18 @@ fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
     assert!(big.len() > 1_700_000, "{} bytes", big.len());
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(c.controller_log("ctrl-a").matches(refused).count(), 1);
-    let (exists, _) = c.kubectl(&["get", "hpcfg", "haptic-e2e-haproxycfg"], None);
-    assert!(!exists);
+    // The object says so instead of holding a configuration the pods no longer run.
+    let (_, stub) = c.kubectl(
+        &[
+            "get",
+            "hpcfg",
+            "haptic-e2e-haproxycfg",
+            "-o",
+            "jsonpath={.spec.notPublished}|{.spec.content}|{.spec.bundle}",
+        ],
+        None,
+    );
+    assert!(stub.contains("is too large for the API server||"), "{stub}");
 
     // Compressed above 1 KiB from now on.
     let mut config = c.config_object("");
@@ -556,6 +566,14 @@ fn a_standby_that_takes_over_keeps_the_server_slots_the_pods_run() {
     assert!(c
         .controller_log("ctrl-b")
         .contains("taking the server slots of the published bundle"));
+    // Nothing was pushed at all: not even its own slots first (its term's pushes waited for
+    // the reconciler), since the adopted render is what the pods run.
+    let text = metrics(&c, standby);
+    let pushes: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("haptic_deployment_total{") && !l.ends_with(" 0"))
+        .collect();
+    assert!(pushes.is_empty(), "ctrl-b pushed: {pushes:?}");
 }
 
 #[test]

@@ -10,9 +10,15 @@
 use haptic_agent::protocol::sha256_hex;
 use serde_json::{json, Value};
 
-/// The largest configuration read back from a compressed `content` (a guard against a
-/// decompression bomb in an object someone else wrote): 64 times the 4 MiB of 10,000 Ingresses.
-pub const MAX_CONTENT: usize = 256 << 20;
+/// The largest configuration read back from a compressed `content`: a guard against a
+/// decompression bomb in an object someone else wrote (only the controller and whoever may write
+/// HAProxyCfgs in its namespace; tenants cannot). A few kilobytes of zstd can expand to any
+/// size, and parsing costs a few times the text in memory; 32 MiB is about seven times the
+/// configuration of 10,000 Ingresses. A larger one is not read back (slots start afresh).
+pub const MAX_CONTENT: usize = 32 << 20;
+
+/// etcd's default request limit (1.5 MiB): the API server refuses a larger object.
+pub const MAX_OBJECT: usize = 1_572_864;
 
 /// The `spec` for `haproxy_cfg`: compressed when `threshold` is above 0 and the text is at
 /// least that long (0 never compresses).
@@ -39,6 +45,9 @@ pub fn content(object: &Value) -> Result<String, String> {
 
 fn content_within(object: &Value, limit: usize) -> Result<String, String> {
     let spec = object.get("spec").ok_or("no spec")?;
+    if let Some(why) = spec.get("notPublished").and_then(Value::as_str) {
+        return Err(format!("no configuration published: {why}"));
+    }
     let content = spec
         .get("content")
         .and_then(Value::as_str)
@@ -170,6 +179,12 @@ mod tests {
         truncated.truncate(truncated.len() / 2 / 4 * 4);
         assert!(err(with("content", json!(truncated))).contains("not zstd"));
         assert!(err(json!({})).contains("no spec"));
+        // What the controller leaves when the API server refuses a configuration as too large.
+        assert!(err(
+            json!({"spec": {"content": "", "bundle": "", "compressed": false,
+            "notPublished": "bundle 1234 is too large for the API server"}})
+        )
+        .contains("no configuration published: bundle 1234 is too large"));
         // A bomb: many bytes of one value compress to little, and reading stops at the limit.
         let bomb = ruzstd::encoding::compress_to_vec(
             std::io::Read::take(std::io::repeat(b'a'), 3 << 20),

@@ -407,10 +407,21 @@ fn controller_metrics() -> Registry {
 /// The haproxy.cfg and bundle hash of the published `HAProxyCfg`, when there is a readable one.
 fn read_published(client: &Client, namespace: &str, config_name: &str) -> Option<(String, String)> {
     let name = format!("{config_name}-haproxycfg");
-    let object = client
-        .get(&status::haproxycfg_resource(), Some(namespace), &name)
-        .ok()?;
+    let object = match client.get(&status::haproxycfg_resource(), Some(namespace), &name) {
+        Ok(object) => object,
+        Err(e) if e.is_not_found() => {
+            log::info!(
+                "no HAProxyCfg {namespace}/{name}: server slots start from this replica's renders"
+            );
+            return None;
+        }
+        Err(e) => {
+            log::warn!("HAProxyCfg {namespace}/{name} could not be read, so server slots start from this replica's renders: {e}");
+            return None;
+        }
+    };
     match hpcfg::content(&object) {
+        Ok(content) if content.is_empty() => None,
         Ok(content) => {
             let bundle = object
                 .pointer("/spec/bundle")
@@ -446,11 +457,29 @@ fn leadership_changed(event: &LeaderEvent, shared: &Shared, w: &Wiring) {
     } else {
         "leader lost"
     });
-    if leading {
-        let published = read_published(w.client, w.namespace, &w.opts.config_name);
-        let _ = ch.control_tx.send(ControlMsg::Leading(published));
-    } else {
-        let _ = ch.deploy_tx.send(DeployMsg::Leadership);
+    let _ = ch.deploy_tx.send(DeployMsg::Leadership);
+    if let LeaderEvent::Started { epoch } = *event {
+        // Read off this thread: an API server slow enough to cost the lead must not also hold
+        // up shutdown and config changes. The deployer holds the term's pushes meanwhile.
+        let (client, namespace, name) = (
+            w.client.clone(),
+            w.namespace.to_string(),
+            w.opts.config_name.clone(),
+        );
+        let control = ch.control_tx.clone();
+        let spawned = std::thread::Builder::new()
+            .name("takeover".into())
+            .spawn(move || {
+                let published = read_published(&client, &namespace, &name);
+                let _ = control.send(ControlMsg::Leading { epoch, published });
+            });
+        if let Err(e) = spawned {
+            log::error!("cannot read the published config: {e}");
+            let _ = ch.control_tx.send(ControlMsg::Leading {
+                epoch,
+                published: None,
+            });
+        }
     }
 }
 

@@ -26,12 +26,16 @@ pub(crate) enum ControlMsg {
     Config(Arc<ActiveConfig>),
     /// The deployed config as last published (HAProxyCfg), to keep server slots stable.
     CurrentConfig(String),
-    /// This replica leads now, with the haproxy.cfg and bundle hash the previous leader
-    /// published (`None`: none could be read). A standby's server slots follow its own renders,
-    /// which can differ from what the pods run (its renders saw the changes in other windows):
-    /// when the published bundle is not its own, it takes the published slots and renders again
-    /// before the deployer starts its term, so that the first push keeps the pods' slots.
-    Leading(Option<(String, String)>),
+    /// This replica leads now (the term of `epoch`), with the haproxy.cfg and bundle hash the
+    /// previous leader published (`None`: none could be read). A standby's server slots follow
+    /// its own renders, which can differ from what the pods run (its renders saw the changes in
+    /// other windows): when the published bundle is not its own but is what a pod runs, it
+    /// takes the published slots and renders again, then releases the deployer's term (whose
+    /// pushes wait for it), so that the first push keeps the pods' slots.
+    Leading {
+        epoch: u64,
+        published: Option<(String, String)>,
+    },
     Shutdown,
 }
 
@@ -127,9 +131,9 @@ impl Reconciler {
                             s.current_config = Some(Arc::new(CurrentConfig::parse(&text)));
                         }
                     }
-                    Ok(ControlMsg::Leading(published)) => {
+                    Ok(ControlMsg::Leading { epoch, published }) => {
                         self.take_over(&mut s, published);
-                        let _ = self.deployer.send(DeployMsg::Leadership);
+                        let _ = self.deployer.send(DeployMsg::Release(epoch));
                     }
                     Ok(ControlMsg::Shutdown) | Err(_) => return,
                 },
@@ -140,13 +144,24 @@ impl Reconciler {
     }
 
     /// Adopts the published slots when the published bundle is not this replica's own last
-    /// one, and renders with them at once (when it can: a config, and every store synced).
+    /// one and an admitted pod runs it (the object may lag, or be edited), and renders with
+    /// them at once (when it can: a config, and every store synced).
     fn take_over(&self, s: &mut Loop, published: Option<(String, String)>) {
         let Some((text, bundle)) = published else {
             return;
         };
         let own = s.last_validated.as_ref().map(|b| b.hash());
         if own.as_ref().is_some_and(|h| h.as_str() == bundle) {
+            return;
+        }
+        let running = lock(&self.shared.pods)
+            .iter()
+            .any(|p| p.admitted && p.applied_bundle.as_deref() == Some(bundle.as_str()));
+        if !running {
+            log::info!(
+                "leading: the published bundle={} is not what the pods run; keeping this replica's server slots",
+                bundle.get(..12).unwrap_or(&bundle)
+            );
             return;
         }
         log::info!(

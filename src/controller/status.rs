@@ -144,6 +144,8 @@ struct Written {
     haproxycfg: Option<((String, i64), String)>,
     /// (bundle, compression threshold) of the spec last written.
     haproxycfg_spec: Option<(String, i64)>,
+    /// When the object was last read to see that it still holds that spec.
+    haproxycfg_checked: Option<std::time::Instant>,
     /// Per object: the status the templates asked for, and what was written (with times).
     /// (desired, as written with its condition timestamps): the same `Arc` when no condition
     /// was stamped, so that equal statuses of thousands of objects stay one value.
@@ -387,52 +389,7 @@ impl StatusWriter {
             self.events(&conditions, written);
         }
         if let Some(p) = &desired.published {
-            let threshold = lock(&self.shared.config)
-                .as_ref()
-                .map_or(1_048_576, |c| c.spec.compression_threshold());
-            let spec = (p.hash.to_string(), threshold);
-            let key = (
-                spec.clone(),
-                serde_json::to_string(&*lock(&self.shared.pods)).unwrap_or_default(),
-            );
-            if written.haproxycfg.as_ref() != Some(&key)
-                && !written.haproxycfg_unavailable
-                && written.haproxycfg_too_large.as_ref() != Some(&spec)
-            {
-                // Only the status when the spec is already there: pods report several times
-                // per configuration, and a large one costs its compression and upload.
-                let spec_written = written.haproxycfg_spec.as_ref() == Some(&spec);
-                match self.publish_haproxycfg(p, threshold, spec_written) {
-                    Ok(()) => {
-                        written.haproxycfg = Some(key);
-                        written.haproxycfg_spec = Some(spec);
-                        written.haproxycfg_too_large = None;
-                    }
-                    Err(e) if e.is_unserved_resource() => {
-                        log::warn!("HAProxyCfg is not served by the API server (CRD missing?); not publishing: {e}");
-                        written.haproxycfg_unavailable = true;
-                    }
-                    Err(e) if e.is_too_large() => {
-                        // Not retried until the configuration or the threshold changes: the
-                        // same object would be refused again.
-                        log::error!(
-                            "HAProxyCfg not published: the API server refuses it as too large \
-                             (haproxy.cfg is {} bytes; spec.controller.configPublishing.compressionThreshold \
-                             is {threshold}, 0 never compresses). The pods are deployed all the same, \
-                             but a new leader cannot keep their server slots: {e}",
-                            p.bundle.haproxy_cfg.len()
-                        );
-                        written.haproxycfg_too_large = Some(spec);
-                    }
-                    Err(e) => {
-                        if e.is_not_found() {
-                            // Deleted by someone: written again in full.
-                            written.haproxycfg_spec = None;
-                        }
-                        log::warn!("publish HAProxyCfg: {e}")
-                    }
-                }
-            }
+            self.publish(p, written);
         }
         self.pod_events(written);
         if written.restart_required != desired.restart_required {
@@ -487,36 +444,162 @@ impl StatusWriter {
         }
     }
 
+    /// The HAProxyCfg: the deployed configuration (the newest bundle a pod runs; until one
+    /// does, the spec stays as it is and only the pods' status changes), and the pods.
+    fn publish(&self, p: &Published, written: &mut Written) {
+        if written.haproxycfg_unavailable {
+            return;
+        }
+        let threshold = lock(&self.shared.config)
+            .as_ref()
+            .map_or(1_048_576, |c| c.spec.compression_threshold());
+        self.verify_published(written);
+        let pods = lock(&self.shared.pods).clone();
+        let deployed = pods
+            .iter()
+            .any(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str()));
+        let spec = if deployed {
+            (p.hash.to_string(), threshold)
+        } else {
+            match &written.haproxycfg_spec {
+                Some(spec) => spec.clone(),
+                None => return,
+            }
+        };
+        if written.haproxycfg_too_large.as_ref() == Some(&spec) {
+            return;
+        }
+        let key = (
+            spec.clone(),
+            serde_json::to_string(&pods).unwrap_or_default(),
+        );
+        if written.haproxycfg.as_ref() == Some(&key) {
+            return;
+        }
+        // Only the status when the spec is already there: pods report several times per
+        // configuration, and a large one costs its compression and upload.
+        let spec_written = written.haproxycfg_spec.as_ref() == Some(&spec);
+        match self.publish_haproxycfg(p, threshold, spec_written, &spec.0, &pods) {
+            Ok(()) => {
+                written.haproxycfg = Some(key);
+                written.haproxycfg_spec = Some(spec);
+                written.haproxycfg_too_large = None;
+            }
+            Err(e) if e.is_unserved_resource() => {
+                log::warn!("HAProxyCfg is not served by the API server (CRD missing?); not publishing: {e}");
+                written.haproxycfg_unavailable = true;
+            }
+            Err(e) if e.is_too_large() => {
+                // Not retried until the configuration or the threshold changes: the same
+                // object would be refused again. The previous spec no longer describes what the
+                // pods run: it is emptied, so that no controller takes its slots.
+                log::error!(
+                    "HAProxyCfg not published: the API server refuses it as too large \
+                     (haproxy.cfg is {} bytes; spec.controller.configPublishing.compressionThreshold \
+                     is {threshold}, 0 never compresses). The pods are deployed all the same, \
+                     but a controller that starts or takes over renders its server slots afresh: {e}",
+                    p.bundle.haproxy_cfg.len()
+                );
+                let stub = json!({"content": "", "bundle": "", "compressed": false,
+                    "notPublished": format!("bundle {} is too large for the API server", p.hash.as_str())});
+                if let Err(e) = self.write_spec(stub) {
+                    log::warn!("empty the stale HAProxyCfg: {e}");
+                }
+                written.haproxycfg_spec = None;
+                written.haproxycfg = None;
+                written.haproxycfg_too_large = Some(spec);
+            }
+            Err(e) => {
+                if e.is_not_found() {
+                    // Deleted by someone: written again in full.
+                    written.haproxycfg_spec = None;
+                }
+                log::warn!("publish HAProxyCfg: {e}")
+            }
+        }
+    }
+
+    /// Every minute, whether the object still holds the spec last written (it can be deleted,
+    /// edited or restored from a backup); when not, the next round writes it again.
+    fn verify_published(&self, written: &mut Written) {
+        let Some((bundle, _)) = &written.haproxycfg_spec else {
+            return;
+        };
+        if written
+            .haproxycfg_checked
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
+        {
+            return;
+        }
+        written.haproxycfg_checked = Some(std::time::Instant::now());
+        let name = format!("{}-haproxycfg", self.config_name);
+        let found = match self
+            .client
+            .get(&haproxycfg_resource(), Some(&self.namespace), &name)
+        {
+            Ok(object) => {
+                object.pointer("/spec/bundle").and_then(Value::as_str) == Some(bundle.as_str())
+            }
+            Err(e) if e.is_not_found() => false,
+            Err(e) => {
+                log::debug!("check HAProxyCfg: {e}");
+                return;
+            }
+        };
+        if !found {
+            log::warn!(
+                "HAProxyCfg {}/{name} no longer holds bundle {bundle}: writing it again",
+                self.namespace
+            );
+            written.haproxycfg_spec = None;
+            written.haproxycfg = None;
+        }
+    }
+
     fn publish_haproxycfg(
         &self,
         p: &Published,
         threshold: i64,
         spec_written: bool,
+        spec_bundle: &str,
+        pods: &[crate::deploy::PodStatus],
     ) -> Result<(), crate::kube::client::KubeError> {
         let res = haproxycfg_resource();
         let ns = Some(self.namespace.as_str());
         let name = format!("{}-haproxycfg", self.config_name);
-        let pods = lock(&self.shared.pods).clone();
-        let status = json!({"deployedToPods": pods.iter().filter(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str())).map(|pod| json!({
-            "podName": pod.name, "deployedAt": pod.last_deployed_at, "checksum": p.hash.as_str(), "lastResult": pod.last_result})).collect::<Vec<_>>(),
+        let status = json!({"deployedToPods": pods.iter().filter(|pod| pod.applied_bundle.as_deref() == Some(spec_bundle)).map(|pod| json!({
+            "podName": pod.name, "deployedAt": pod.last_deployed_at, "checksum": spec_bundle, "lastResult": pod.last_result})).collect::<Vec<_>>(),
             "pods": pods});
         if !spec_written {
-            self.publish_spec(p, threshold)?;
+            let spec = super::hpcfg::spec(&p.bundle.haproxy_cfg, threshold, p.hash.as_str());
+            self.write_spec(spec)?;
         }
         self.client
             .merge_patch_status(&res, ns, &name, &json!({"status": status}))?;
         Ok(())
     }
 
-    fn publish_spec(
-        &self,
-        p: &Published,
-        threshold: i64,
-    ) -> Result<(), crate::kube::client::KubeError> {
+    /// Creates the object with `spec`, or replaces the spec of the one there. A spec above
+    /// etcd's limit is not sent: a real API server stops reading a body above 3 MiB and may
+    /// close the connection before it answers 413.
+    fn write_spec(&self, spec: Value) -> Result<(), crate::kube::client::KubeError> {
         let res = haproxycfg_resource();
         let ns = Some(self.namespace.as_str());
         let name = format!("{}-haproxycfg", self.config_name);
-        let spec = super::hpcfg::spec(&p.bundle.haproxy_cfg, threshold, p.hash.as_str());
+        let size = serde_json::to_vec(&spec).map_or(0, |b| b.len());
+        if size > super::hpcfg::MAX_OBJECT {
+            return Err(crate::kube::client::KubeError::Api {
+                verb: "PUT",
+                path: format!("{}/{name}", res.collection_path(ns)),
+                code: 413,
+                reason: "RequestEntityTooLarge".into(),
+                message: format!(
+                    "not sent: the spec is {size} bytes, above etcd's limit of {} bytes",
+                    super::hpcfg::MAX_OBJECT
+                ),
+                object: None,
+            });
+        }
         match self.client.get(&res, ns, &name) {
             Ok(mut existing) => {
                 existing["spec"] = spec;

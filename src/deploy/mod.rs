@@ -40,6 +40,10 @@ pub(crate) enum DeployMsg {
     Pods(Vec<PodTarget>),
     /// Leadership changed (the view itself is polled before every push).
     Leadership,
+    /// The reconciler is ready for the leader term of this epoch: pushes of a new term wait
+    /// for it (up to `plan::TAKEOVER_HOLD`), so that the first push keeps the server slots
+    /// the pods run.
+    Release(u64),
     Shutdown,
 }
 
@@ -211,6 +215,7 @@ impl Deployer {
                     DeployMsg::Bundle(b) => plan.set_bundle(b),
                     DeployMsg::Pods(targets) => plan.set_pods(targets, now),
                     DeployMsg::Leadership => plan.new_term(now),
+                    DeployMsg::Release(epoch) => plan.release(epoch),
                     DeployMsg::Shutdown => return,
                 }
             }
@@ -224,6 +229,9 @@ impl Deployer {
     /// takes over); only the leader pushes. Returns how long to sleep.
     fn turn(&self, plan: &mut Planner) -> Duration {
         let epoch = self.leadership.epoch();
+        if plan.saw_epoch(epoch, Instant::now()) {
+            log::info!("leading (epoch {epoch:?}): probing every pod; pushes wait until the reconciler has taken the published server slots");
+        }
         let config = crate::lock(&self.config);
         let (min_interval, drift_interval, required) = (
             config.min_deployment_interval,
@@ -256,7 +264,15 @@ impl Deployer {
             .set(&crate::metrics::ADMITTED_PODS, [], plan.admitted() as f64);
 
         let (published, epoch, due) = match plan.pushes(epoch, min_interval, Instant::now()) {
-            PushPlan::Nothing => return plan.next_wake(plan::IDLE, Instant::now()),
+            PushPlan::Nothing => {
+                // While a term is held, look again soon: the release comes as a message, the
+                // deadline does not.
+                let idle = match epoch.and_then(|e| plan.held_until(e, Instant::now())) {
+                    Some(_) => plan::MIN_WAKE.max(Duration::from_millis(50)),
+                    None => plan::IDLE,
+                };
+                return plan.next_wake(idle, Instant::now());
+            }
             PushPlan::RateLimited { until } => {
                 return until
                     .saturating_duration_since(Instant::now())

@@ -132,7 +132,17 @@ pub(crate) struct Planner {
     pub current: Option<Arc<Published>>,
     last_reload_push: Option<Instant>,
     next_drift: Instant,
+    /// The leader epoch the deployer saw last (`None`: a standby).
+    seen_epoch: Option<u64>,
+    /// A term just begun, whose pushes wait until the reconciler has taken the server slots
+    /// the previous leader published ([`Planner::release`]), or until the deadline.
+    hold: Option<(u64, Instant)>,
+    /// The last epoch the reconciler released.
+    released: Option<u64>,
 }
+
+/// The longest a new term's pushes wait for the reconciler (a slow API server or render).
+pub(crate) const TAKEOVER_HOLD: Duration = Duration::from_secs(15);
 
 fn key_of(target: &PodTarget) -> String {
     format!("{}/{}", target.namespace, target.name)
@@ -145,6 +155,43 @@ impl Planner {
             current: None,
             last_reload_push: None,
             next_drift: now,
+            seen_epoch: None,
+            hold: None,
+            released: None,
+        }
+    }
+
+    /// The leader epoch as the deployer sees it before a round. Becoming leader (or a new
+    /// epoch) begins a term: every pod is probed again, and pushes wait for [`Planner::release`].
+    /// Returns whether a term began.
+    pub(super) fn saw_epoch(&mut self, epoch: Option<u64>, now: Instant) -> bool {
+        if epoch == self.seen_epoch {
+            return false;
+        }
+        self.seen_epoch = epoch;
+        self.new_term(now);
+        match epoch {
+            Some(e) => {
+                self.hold = Some((e, now + TAKEOVER_HOLD));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The reconciler is ready for the term of `epoch` (it took the published server slots,
+    /// or there were none to take).
+    pub(super) fn release(&mut self, epoch: u64) {
+        self.released = Some(epoch);
+    }
+
+    /// Whether the term of `epoch` still waits for the reconciler; `None` when it does not.
+    pub(super) fn held_until(&self, epoch: u64, now: Instant) -> Option<Instant> {
+        match self.hold {
+            Some((e, until)) if e == epoch && self.released != Some(e) && now < until => {
+                Some(until)
+            }
+            _ => None,
         }
     }
 
@@ -267,6 +314,9 @@ impl Planner {
         let (Some(published), Some(epoch)) = (self.current.clone(), epoch) else {
             return PushPlan::Nothing;
         };
+        if self.held_until(epoch, now).is_some() {
+            return PushPlan::Nothing;
+        }
         let hash = published.hash.as_str();
         let pods: Vec<(String, PodTarget, Option<String>)> = self
             .pods
@@ -429,6 +479,56 @@ mod tests {
 
     fn hash(p: &Arc<Published>) -> String {
         p.hash.as_str().to_string()
+    }
+
+    #[test]
+    fn a_new_term_waits_for_the_reconciler_or_the_deadline() {
+        let t0 = Instant::now();
+        let mut p = admitted(t0);
+        p.set_bundle(bundle("one", false, t0));
+        // Becoming leader: probe again, and no push until the reconciler releases the term.
+        assert!(p.saw_epoch(Some(3), t0));
+        assert!(!p.saw_epoch(Some(3), t0), "the same epoch begins no term");
+        for (key, _) in p.probes(t0, Duration::from_secs(60)).0 {
+            p.probed(&key, view(None), true, false, t0);
+        }
+        assert!(matches!(
+            p.pushes(Some(3), Duration::ZERO, t0),
+            PushPlan::Nothing
+        ));
+        // A release of another epoch changes nothing; the right one lets the pushes go.
+        p.release(2);
+        assert!(matches!(
+            p.pushes(Some(3), Duration::ZERO, t0),
+            PushPlan::Nothing
+        ));
+        p.release(3);
+        assert_eq!(
+            push_keys(&p.pushes(Some(3), Duration::ZERO, t0)),
+            ["ing/a", "ing/b"]
+        );
+        // A later term is held again; without a release it goes at the deadline.
+        assert!(!p.saw_epoch(None, t0), "losing the lead holds nothing");
+        assert!(p.saw_epoch(Some(5), t0));
+        for (key, _) in p.probes(t0, Duration::from_secs(60)).0 {
+            p.probed(&key, view(None), true, false, t0);
+        }
+        let almost = t0 + TAKEOVER_HOLD - Duration::from_millis(1);
+        assert!(matches!(
+            p.pushes(Some(5), Duration::ZERO, almost),
+            PushPlan::Nothing
+        ));
+        assert!(p.held_until(5, almost).is_some());
+        let after = t0 + TAKEOVER_HOLD;
+        assert!(p.held_until(5, after).is_none());
+        assert_eq!(
+            push_keys(&p.pushes(Some(5), Duration::ZERO, after)).len(),
+            2
+        );
+        // A release that comes before the deployer saw the epoch counts all the same.
+        p.release(6);
+        assert!(p.saw_epoch(Some(6), after));
+        assert!(p.held_until(6, after).is_none());
     }
 
     #[test]
