@@ -70,6 +70,10 @@ for candidate in forky sid trixie-backports; do
   rm -rf "$work/apt"
   mkdir -p "$work/apt/parts" "$work/apt/lists/partial" "$work/apt/cache/archives/partial"
   printf 'deb [arch=amd64] %s %s main\n' "$mirror" "$candidate" >"$work/apt/parts/suite.list"
+  # A backports suite holds only what it backports: its base suite has the libraries.
+  case "$candidate" in
+    *-backports) printf 'deb [arch=amd64] %s %s main\n' "$mirror" "${candidate%-backports}" >>"$work/apt/parts/suite.list" ;;
+  esac
   : >"$work/status"
   apt_priv update -qq >"$work/update.log" 2>&1 || { cat "$work/update.log" >&2; continue; }
   case "$(apt_cache_priv show --no-all-versions haproxy 2>/dev/null | sed -n 's/^Version: //p' | head -n1)" in
@@ -91,9 +95,9 @@ while [ -n "$todo" ]; do
   case "$seen" in *" $name "*) continue ;; esac
   seen="$seen$name "
   case "$name" in haproxy | lib* | gcc-*-base | zlib1g | openssl-provider-legacy) ;; *) continue ;; esac
-  fields=$(apt_cache_priv show --no-all-versions "$name" 2>/dev/null) || continue
+  fields=$(apt_cache_priv show --no-all-versions "$name" 2>/dev/null || true)
   v=$(printf '%s\n' "$fields" | sed -n 's/^Version: //p' | head -n1)
-  [ -n "$v" ] || continue
+  [ -n "$v" ] || { echo "haproxy-3.2: $suite has no package $name, which haproxy needs" >&2; exit 1; }
   packages="$packages $name=$v"
   deps=$(printf '%s\n' "$fields" | sed -n 's/^\(Pre-\)\{0,1\}Depends: //p' | tr ',' '\n' \
     | sed -E 's/\|.*//; s/^ *//; s/[ (:].*//' | grep -v '^$' || true)
@@ -108,7 +112,7 @@ echo "==> HAProxy $version from Debian $suite (for the tests with the chart's HA
 mkdir -p "$work/out/root"
 for deb in "$work"/debs/*.deb; do dpkg-deb -x "$deb" "$work/out/root"; done
 # The final place, so that the paths written into the binary hold; then moved there at once
-# (a concurrent run builds the same thing and one of the two renames wins).
+# (runs are serialised by the lock).
 final="$cache/$version"
 staging="$cache/.staging.$$"
 rm -rf "$staging" "$final"

@@ -256,6 +256,8 @@ fn web_servers(cfg: &str) -> Vec<String> {
 fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
     require("haproxy");
     let mut c = Cluster::start(&[]);
+    // The leader reads its HAProxyCfg back every 2 s here (every minute in release builds).
+    c.controller_env = vec![("HAPTIC_PUBLISH_CHECK_SECONDS".into(), "2".into())];
     // First a configuration above etcd's 1.5 MiB, published uncompressed (threshold 0): the
     // API server refuses it; the pods get it all the same, and the controller says so once
     // instead of sending it again every second.
@@ -395,6 +397,42 @@ fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8(out.stdout).unwrap(), before);
+
+    // Deleted, or its content edited: the leader notices and writes it again.
+    let (ok, out) = c.kubectl(&["delete", "hpcfg", "haptic-e2e-haproxycfg"], None);
+    assert!(ok, "{out}");
+    wait_for("the HAProxyCfg written again", DEADLINE, || {
+        published().is_some_and(|y| y.contains("compressed: true"))
+    });
+    let (ok, out) = c.kubectl(
+        &[
+            "patch",
+            "hpcfg",
+            "haptic-e2e-haproxycfg",
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"content":"Z2xvYmFsCg=="}}"#,
+        ],
+        None,
+    );
+    assert!(ok, "{out}");
+    wait_for("the edited HAProxyCfg restored", DEADLINE, || {
+        published().is_some_and(|y| !y.contains("Z2xvYmFsCg=="))
+    });
+    let restored = Command::new(env!("CARGO_BIN_EXE_haptic"))
+        .args([
+            "config",
+            "view",
+            "--config-name",
+            "haptic-e2e",
+            "--namespace",
+            NS,
+        ])
+        .arg("--kubeconfig")
+        .arg(c.api.kubeconfig())
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8(restored.stdout).unwrap(), before);
 
     // A controller that starts now reads it back and keeps the backend where it is: its first
     // render is what the pods run, so nothing is pushed or reloaded. A render from scratch

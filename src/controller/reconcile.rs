@@ -65,6 +65,9 @@ struct Loop {
     /// `current_config` was taken from the published config, not from `last_validated`: the
     /// next one is parsed in full rather than updated from `last_validated`.
     adopted: bool,
+    /// The leader term to release to the deployer once a render with the adopted slots has
+    /// been sent to it (the deployer stops waiting after `plan::TAKEOVER_HOLD` anyway).
+    release: Option<u64>,
     /// Memoized render units and the objects left out after failed checks (DESIGN §4).
     cache: RenderCache,
 }
@@ -109,6 +112,7 @@ impl Reconciler {
             last_validated: None,
             current_config: None,
             adopted: false,
+            release: None,
             cache: RenderCache::new(),
         };
         loop {
@@ -132,8 +136,17 @@ impl Reconciler {
                         }
                     }
                     Ok(ControlMsg::Leading { epoch, published }) => {
-                        self.take_over(&mut s, published);
-                        let _ = self.deployer.send(DeployMsg::Release(epoch));
+                        // A read for an earlier term that arrives late (each term reads on a
+                        // thread of its own) is out of date.
+                        if self.shared.leadership().epoch() == Some(epoch) {
+                            self.take_over(&mut s, published);
+                            if s.adopted {
+                                // Released by the render that uses the adopted slots.
+                                s.release = Some(epoch);
+                            } else {
+                                let _ = self.deployer.send(DeployMsg::Release(epoch));
+                            }
+                        }
                     }
                     Ok(ControlMsg::Shutdown) | Err(_) => return,
                 },
@@ -370,6 +383,14 @@ impl Reconciler {
             .send(StatusMsg::Dropped(rendered.dropped.clone()));
         let hash = bundle.hash();
         if s.last_validated.as_ref().is_some_and(|b| b.hash() == hash) {
+            if s.adopted {
+                // The adopted slots give this replica's own last bundle: nothing to push.
+                s.current_config = Some(Arc::new(CurrentConfig::parse(&bundle.haproxy_cfg)));
+                s.adopted = false;
+            }
+            if let Some(epoch) = s.release.take() {
+                let _ = self.deployer.send(DeployMsg::Release(epoch));
+            }
             self.succeeded(s, &bundle, started);
             return;
         }
@@ -410,6 +431,9 @@ impl Reconciler {
             first_change,
         });
         let _ = self.deployer.send(DeployMsg::Bundle(published.clone()));
+        if let Some(epoch) = s.release.take() {
+            let _ = self.deployer.send(DeployMsg::Release(epoch));
+        }
         let _ = self.status.send(StatusMsg::Published(published));
         s.last_validated = Some(bundle.clone());
         self.succeeded(s, &bundle, started);
@@ -442,7 +466,12 @@ impl Reconciler {
         let _ = self.status.send(StatusMsg::Reconciled { error: None });
     }
 
-    fn failed(&self, _s: &mut Loop, stage: Stage, error: String, started: Instant) {
+    fn failed(&self, s: &mut Loop, stage: Stage, error: String, started: Instant) {
+        // A term waiting for a render with the adopted slots gets none: the deployer goes on
+        // with the bundle it has.
+        if let Some(epoch) = s.release.take() {
+            let _ = self.deployer.send(DeployMsg::Release(epoch));
+        }
         let stage = stage.as_str();
         let metrics = &self.shared.metrics;
         metrics.inc(&crate::metrics::RECONCILIATION_ERRORS_TOTAL, [stage]);

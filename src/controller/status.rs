@@ -118,12 +118,31 @@ pub(crate) struct StatusWriter {
     pub inbox: Receiver<StatusMsg>,
 }
 
+/// How often the leader reads the HAProxyCfg back. Debug builds (the tests) take
+/// `HAPTIC_PUBLISH_CHECK_SECONDS`; release builds have no such knob.
+fn publish_check_interval() -> Duration {
+    #[cfg(debug_assertions)]
+    if let Some(secs) = std::env::var("HAPTIC_PUBLISH_CHECK_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return Duration::from_secs(secs);
+    }
+    Duration::from_secs(60)
+}
+
+/// How many recent bundles the status writer keeps to find the one the pods run.
+const RECENT_BUNDLES: usize = 16;
+
 #[derive(Default)]
 struct Desired {
     generation: i64,
     validation: Option<Option<String>>,
     reconcile: Option<Option<(String, String)>>,
     published: Option<Arc<Published>>,
+    /// The last [`RECENT_BUNDLES`] bundles, oldest first: the HAProxyCfg holds the newest one a
+    /// pod runs, which during a burst of changes is seldom the latest.
+    recent: std::collections::VecDeque<Arc<Published>>,
     templates: BTreeMap<(String, String, String, String), Arc<Value>>,
     /// The list `templates` was built from (a render that changed no status sends the same).
     templates_from: Option<Arc<Vec<StatusUpdate>>>,
@@ -146,6 +165,8 @@ struct Written {
     haproxycfg_spec: Option<(String, i64)>,
     /// When the object was last read to see that it still holds that spec.
     haproxycfg_checked: Option<std::time::Instant>,
+    /// The spec of the object already there was taken as this leader's starting point.
+    haproxycfg_seeded: bool,
     /// Per object: the status the templates asked for, and what was written (with times).
     /// (desired, as written with its condition timestamps): the same `Arc` when no condition
     /// was stamped, so that equal statuses of thousands of objects stay one value.
@@ -189,7 +210,14 @@ impl StatusWriter {
                 desired.validation = Some(error);
             }
             StatusMsg::Reconciled { error } => desired.reconcile = Some(error),
-            StatusMsg::Published(p) => desired.published = Some(p),
+            StatusMsg::Published(p) => {
+                // The bundles a pod may run while newer ones are on their way.
+                desired.recent.push_back(p.clone());
+                if desired.recent.len() > RECENT_BUNDLES {
+                    desired.recent.pop_front();
+                }
+                desired.published = Some(p);
+            }
             StatusMsg::TemplateStatuses(list) => {
                 if desired
                     .templates_from
@@ -388,8 +416,8 @@ impl StatusWriter {
             }
             self.events(&conditions, written);
         }
-        if let Some(p) = &desired.published {
-            self.publish(p, written);
+        if desired.published.is_some() {
+            self.publish(&desired.recent, written);
         }
         self.pod_events(written);
         if written.restart_required != desired.restart_required {
@@ -446,7 +474,7 @@ impl StatusWriter {
 
     /// The HAProxyCfg: the deployed configuration (the newest bundle a pod runs; until one
     /// does, the spec stays as it is and only the pods' status changes), and the pods.
-    fn publish(&self, p: &Published, written: &mut Written) {
+    fn publish(&self, recent: &std::collections::VecDeque<Arc<Published>>, written: &mut Written) {
         if written.haproxycfg_unavailable {
             return;
         }
@@ -455,16 +483,24 @@ impl StatusWriter {
             .map_or(1_048_576, |c| c.spec.compression_threshold());
         self.verify_published(written);
         let pods = lock(&self.shared.pods).clone();
-        let deployed = pods
-            .iter()
-            .any(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str()));
-        let spec = if deployed {
-            (p.hash.to_string(), threshold)
-        } else {
-            match &written.haproxycfg_spec {
-                Some(spec) => spec.clone(),
+        let runs = |p: &Published| {
+            pods.iter()
+                .any(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str()))
+        };
+        let deployed = recent.iter().rev().find(|p| runs(p));
+        if deployed.is_none() && written.haproxycfg_spec.is_none() && !written.haproxycfg_seeded {
+            // A new leader (or one whose pods run none of its bundles yet): the object there
+            // stays, and its status follows the pods.
+            written.haproxycfg_seeded = true;
+            written.haproxycfg_spec = self.published_spec(threshold);
+        }
+        let (spec, p) = match (deployed, &written.haproxycfg_spec) {
+            (Some(p), _) => ((p.hash.to_string(), threshold), p.as_ref()),
+            (None, Some(spec)) => match recent.back() {
+                Some(latest) => (spec.clone(), latest.as_ref()),
                 None => return,
-            }
+            },
+            (None, None) => return,
         };
         if written.haproxycfg_too_large.as_ref() == Some(&spec) {
             return;
@@ -519,6 +555,17 @@ impl StatusWriter {
         }
     }
 
+    /// The (bundle, threshold) of the object as it is, when it holds a configuration.
+    fn published_spec(&self, threshold: i64) -> Option<(String, i64)> {
+        let name = format!("{}-haproxycfg", self.config_name);
+        let object = self
+            .client
+            .get(&haproxycfg_resource(), Some(&self.namespace), &name)
+            .ok()?;
+        let bundle = object.pointer("/spec/bundle").and_then(Value::as_str)?;
+        (!bundle.is_empty()).then(|| (bundle.to_string(), threshold))
+    }
+
     /// Every minute, whether the object still holds the spec last written (it can be deleted,
     /// edited or restored from a backup); when not, the next round writes it again.
     fn verify_published(&self, written: &mut Written) {
@@ -527,7 +574,7 @@ impl StatusWriter {
         };
         if written
             .haproxycfg_checked
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
+            .is_some_and(|t| t.elapsed() < publish_check_interval())
         {
             return;
         }
@@ -537,8 +584,10 @@ impl StatusWriter {
             .client
             .get(&haproxycfg_resource(), Some(&self.namespace), &name)
         {
+            // The same bundle, and a content that matches its checksum (an edit to either shows).
             Ok(object) => {
                 object.pointer("/spec/bundle").and_then(Value::as_str) == Some(bundle.as_str())
+                    && super::hpcfg::content(&object).is_ok()
             }
             Err(e) if e.is_not_found() => false,
             Err(e) => {

@@ -182,7 +182,8 @@ impl Planner {
     /// The reconciler is ready for the term of `epoch` (it took the published server slots,
     /// or there were none to take).
     pub(super) fn release(&mut self, epoch: u64) {
-        self.released = Some(epoch);
+        // Epochs only grow: a late release of an older term changes nothing.
+        self.released = self.released.max(Some(epoch));
     }
 
     /// Whether the term of `epoch` still waits for the reconciler; `None` when it does not.
@@ -528,6 +529,9 @@ mod tests {
         // A release that comes before the deployer saw the epoch counts all the same.
         p.release(6);
         assert!(p.saw_epoch(Some(6), after));
+        assert!(p.held_until(6, after).is_none());
+        // A late release of an older term does not hold the current one again.
+        p.release(4);
         assert!(p.held_until(6, after).is_none());
     }
 

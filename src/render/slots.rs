@@ -172,7 +172,21 @@ pub(crate) fn server_lines(
             .unwrap_or_default();
         let version = slices.as_ref().map_or(0, |s| s.version());
         units::note_store_read("endpoints", version, StoreMethod::Fetch, &keys, &found);
-        endpoints = Endpoints::collect(&found, port_name, &ranges);
+        // A dual-stack Service has one EndpointSlice per family, each listing every pod: the
+        // Service's first family is used for a pod both list (one server per pod, not two).
+        let primary = service
+            .as_deref()
+            .and_then(|svc| {
+                svc.root()
+                    .pointer(&["spec", "ipFamilies"])
+                    .map(NodeRef::items)
+                    .into_iter()
+                    .flatten()
+                    .next()
+                    .map(|f| text(Some(f)).to_string())
+            })
+            .unwrap_or_else(|| "IPv4".to_string());
+        endpoints = Endpoints::collect(&found, port_name, &ranges, &primary);
     }
 
     let running = current.as_ref().and_then(|c| c.backend(be_name)).cloned();
@@ -277,6 +291,8 @@ struct Endpoints {
     refused_seen: std::collections::HashSet<IpAddr>,
     /// Ready endpoints left out over the backend's limit, and that limit.
     over: Option<(usize, usize)>,
+    /// Endpoints of a pod already taken from the Service's first address family.
+    other_family: usize,
 }
 
 /// Endpoints one backend serves at most unless the call says otherwise (`max_endpoints`, up to
@@ -290,11 +306,18 @@ pub(crate) const MAX_ENDPOINTS_LIMIT: usize = 65536;
 const REFUSED_NAMED: usize = 16;
 
 impl Endpoints {
-    fn collect(slices: &[Arc<Doc>], port_name: &str, refuse: &[Range]) -> Endpoints {
+    /// The ready endpoints of `slices` on the port named `port_name`. A pod (an endpoint's
+    /// `targetRef`) listed in slices of both address families counts once, in `primary`'s;
+    /// endpoints without a `targetRef` are all kept.
+    fn collect(slices: &[Arc<Doc>], port_name: &str, refuse: &[Range], primary: &str) -> Endpoints {
         let mut out = Endpoints::default();
-        for slice in slices {
-            let slice = slice.root();
-            if text(slice.get("addressType")) == "FQDN" {
+        let mut ordered: Vec<NodeRef<'_>> = slices.iter().map(|s| s.root()).collect();
+        ordered.sort_by_key(|s| text(s.get("addressType")) != primary);
+        // targetRef → the family it was first taken from.
+        let mut targets: std::collections::HashMap<String, String> = Default::default();
+        for slice in ordered {
+            let family = text(slice.get("addressType"));
+            if family == "FQDN" {
                 continue;
             }
             let ports = slice.get("ports").map(NodeRef::items).into_iter().flatten();
@@ -320,6 +343,21 @@ impl Endpoints {
                     .and_then(NodeRef::as_bool);
                 if ready == Some(false) {
                     continue;
+                }
+                if let Some(target) = ep.get("targetRef") {
+                    let key = ["kind", "namespace", "name", "uid"]
+                        .map(|k| text(target.get(k)))
+                        .join("/");
+                    match targets.get(&key) {
+                        Some(first) if first != family => {
+                            out.other_family += 1;
+                            continue;
+                        }
+                        Some(_) => {}
+                        None => {
+                            targets.insert(key, family.to_string());
+                        }
+                    }
                 }
                 let addresses = ep
                     .get("addresses")
@@ -389,6 +427,13 @@ impl Endpoints {
                 out,
                 "\n  # {} endpoint address(es) left out: not an IPv4/IPv6 address",
                 self.bad_addrs
+            );
+        }
+        if self.other_family > 0 {
+            let _ = write!(
+                out,
+                "\n  # {} endpoint(s) of the Service's other address family not used: their pods are served in its first",
+                self.other_family
             );
         }
         if self.bad_ports > 0 {

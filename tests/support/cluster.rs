@@ -402,6 +402,8 @@ pub struct Cluster {
     pub insecure_agents: bool,
     /// The HAProxy binary controllers validate with.
     pub controller_haproxy: String,
+    /// Extra environment of the controllers started from now on.
+    pub controller_env: Vec<(String, String)>,
     /// Last, so dropped last (fields drop in order): the pods' agents and the controllers stop
     /// before their directory goes, or an agent's last state write leaves it behind.
     pub dir: TempDir,
@@ -472,6 +474,7 @@ impl Cluster {
             webhook_client_ca: None,
             insecure_agents: false,
             controller_haproxy: "haproxy".into(),
+            controller_env: Vec::new(),
         }
     }
 
@@ -683,6 +686,7 @@ impl Cluster {
                 vec![]
             })
             .env("LOG_LEVEL", "info")
+            .envs(self.controller_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .tied()
