@@ -378,25 +378,21 @@ fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
     );
     assert_eq!(String::from_utf8(out.stdout).unwrap(), before);
     // And from the cluster, as `kubectl exec … -- haptic config view` does in a pod.
-    let out = Command::new(env!("CARGO_BIN_EXE_haptic"))
-        .args([
-            "config",
-            "view",
-            "--config-name",
-            "haptic-e2e",
-            "--namespace",
-            NS,
-        ])
-        .arg("--kubeconfig")
-        .arg(c.api.kubeconfig())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), before);
+    let view_from_cluster = |c: &Cluster| {
+        let out = Command::new(env!("CARGO_BIN_EXE_haptic"))
+            .args(["config", "view", "--config-name", "haptic-e2e"])
+            .args(["--namespace", NS, "--kubeconfig"])
+            .arg(c.api.kubeconfig())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    assert_eq!(view_from_cluster(&c), before);
 
     // Deleted, or its content edited: the leader notices and writes it again.
     let (ok, out) = c.kubectl(&["delete", "hpcfg", "haptic-e2e-haproxycfg"], None);
@@ -419,20 +415,7 @@ fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
     wait_for("the edited HAProxyCfg restored", DEADLINE, || {
         published().is_some_and(|y| !y.contains("Z2xvYmFsCg=="))
     });
-    let restored = Command::new(env!("CARGO_BIN_EXE_haptic"))
-        .args([
-            "config",
-            "view",
-            "--config-name",
-            "haptic-e2e",
-            "--namespace",
-            NS,
-        ])
-        .arg("--kubeconfig")
-        .arg(c.api.kubeconfig())
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8(restored.stdout).unwrap(), before);
+    assert_eq!(view_from_cluster(&c), before);
 
     // A controller that starts now reads it back and keeps the backend where it is: its first
     // render is what the pods run, so nothing is pushed or reloaded. A render from scratch
