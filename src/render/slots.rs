@@ -313,6 +313,10 @@ impl Endpoints {
         let mut out = Endpoints::default();
         let mut ordered: Vec<NodeRef<'_>> = slices.iter().map(|s| s.root()).collect();
         ordered.sort_by_key(|s| text(s.get("addressType")) != primary);
+        // Only a Service with slices of both families can list a pod twice: the others (all
+        // but dual-stack Services) skip the bookkeeping.
+        let families = |f: &str| ordered.iter().any(|s| text(s.get("addressType")) == f);
+        let dual = families("IPv4") && families("IPv6");
         // targetRef → the family it was first taken from.
         let mut targets: std::collections::HashMap<String, String> = Default::default();
         for slice in ordered {
@@ -344,7 +348,7 @@ impl Endpoints {
                 if ready == Some(false) {
                     continue;
                 }
-                if let Some(target) = ep.get("targetRef") {
+                if let Some(target) = ep.get("targetRef").filter(|_| dual) {
                     let key = ["kind", "namespace", "name", "uid"]
                         .map(|k| text(target.get(k)))
                         .join("/");
