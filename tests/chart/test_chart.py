@@ -1317,6 +1317,51 @@ class Config(unittest.TestCase):
                     self.assertRegex(r.stdout, r"Tests: [1-9][0-9]* passed, 0 failed")
 
 
+class Binaries(unittest.TestCase):
+    """Every flag and environment variable the chart hands the binaries is one they take (a
+    renamed flag would stop the pods at start; a renamed variable would be ignored)."""
+
+    def help_text(self, *args):
+        r = subprocess.run(list(args), capture_output=True, text=True)
+        return r.stdout + r.stderr
+
+    def test_every_flag_and_variable_the_chart_passes_is_one_the_binaries_take(self):
+        static = os.environ.get("HAPTIC_STATIC_DIR")
+        if not static:
+            self.skipTest("HAPTIC_STATIC_DIR not set (run scripts/test-chart.sh)")
+        controller_help = self.help_text(f"{static}/haptic", "run", "--help")
+        controller_flags = set(re.findall(r"(?m)^\s+(--[a-z][a-z-]*)", controller_help))
+        controller_env = set(re.findall(r"\(env ([A-Z_]+)", controller_help))
+        self.assertIn("--agent-client-cert-dir", controller_flags, controller_help)
+        self.assertIn("CONFIG_NAME", controller_env, controller_help)
+        agent_help = self.help_text(f"{static}/haptic-agent", "serve", "--help")
+        agent_flags = set(re.findall(r"--[a-z][a-z-]*", agent_help))
+        self.assertIn("--client-name", agent_flags, agent_help)
+
+        def flags(args):
+            return {a.split("=", 1)[0] for a in args if a.startswith("--")}
+
+        seen = set()
+        for variant in ("defaults", "everything", "insecure-agent", "ipv6", "daemonset-host-network"):
+            _, _, docs = render(variant)
+            controller = container(one(docs, "Deployment", f"{FULLNAME}-controller"), "controller")
+            self.assertEqual(controller["args"][0], "run")
+            self.assertLessEqual(flags(controller["args"]), controller_flags, variant)
+            env = {e["name"] for e in controller.get("env", [])}
+            self.assertLessEqual(env, controller_env, f"{variant}: variables haptic run does not read")
+            haproxy = find(docs, "Deployment", f"{FULLNAME}-haproxy") or find(docs, "DaemonSet", f"{FULLNAME}-haproxy")
+            pod = haproxy[0]["spec"]["template"]["spec"]
+            agent = next(c for c in pod["containers"] if c["name"] == "haptic-agent")
+            self.assertEqual(agent["args"][0], "serve")
+            self.assertLessEqual(flags(agent["args"]), agent_flags, variant)
+            for init in pod.get("initContainers", []):
+                self.assertEqual(init["args"][0], "init", init)
+                self.assertLessEqual(flags(init["args"]), agent_flags, variant)
+            seen |= flags(controller["args"]) | flags(agent["args"]) | env
+        # The check looks at something: the flags of the mutual-TLS and plain-HTTP modes.
+        self.assertLessEqual({"--client-name", "--insecure-http-with-basic-auth", "--agent-credentials-dir", "HEALTH_PORT"}, seen)
+
+
 class Dockerfile(unittest.TestCase):
     def stages(self):
         text = (ROOT / "Dockerfile").read_text()
