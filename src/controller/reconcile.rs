@@ -138,14 +138,10 @@ impl Reconciler {
                     Ok(ControlMsg::Leading { epoch, published }) => {
                         // A read for an earlier term that arrives late (each term reads on a
                         // thread of its own) is out of date.
-                        if self.shared.leadership().epoch() == Some(epoch) {
-                            self.take_over(&mut s, published);
-                            if s.adopted {
-                                // Released by the render that uses the adopted slots.
-                                s.release = Some(epoch);
-                            } else {
-                                let _ = self.deployer.send(DeployMsg::Release(epoch));
-                            }
+                        if self.shared.leadership().epoch() == Some(epoch)
+                            && !self.take_over(&mut s, published, epoch)
+                        {
+                            let _ = self.deployer.send(DeployMsg::Release(epoch));
                         }
                     }
                     Ok(ControlMsg::Shutdown) | Err(_) => return,
@@ -159,13 +155,15 @@ impl Reconciler {
     /// Adopts the published slots when the published bundle is not this replica's own last
     /// one and an admitted pod runs it (the object may lag, or be edited), and renders with
     /// them at once (when it can: a config, and every store synced).
-    fn take_over(&self, s: &mut Loop, published: Option<(String, String)>) {
+    /// Returns whether it adopted them: the term of `epoch` is then released by the render
+    /// that uses them (or by its failure), else the caller releases it at once.
+    fn take_over(&self, s: &mut Loop, published: Option<(String, String)>, epoch: u64) -> bool {
         let Some((text, bundle)) = published else {
-            return;
+            return false;
         };
         let own = s.last_validated.as_ref().map(|b| b.hash());
         if own.as_ref().is_some_and(|h| h.as_str() == bundle) {
-            return;
+            return false;
         }
         let running = lock(&self.shared.pods)
             .iter()
@@ -175,7 +173,7 @@ impl Reconciler {
                 "leading: the published bundle={} is not what the pods run; keeping this replica's server slots",
                 bundle.get(..12).unwrap_or(&bundle)
             );
-            return;
+            return false;
         }
         log::info!(
             "leading: taking the server slots of the published bundle={} (this replica's last: {})",
@@ -188,7 +186,9 @@ impl Reconciler {
         s.pending = true;
         s.first_change.get_or_insert_with(Instant::now);
         s.last_render = None;
+        s.release = Some(epoch);
         self.maybe_render(s);
+        true
     }
 
     fn next_timeout(&self, s: &Loop) -> Duration {

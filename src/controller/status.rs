@@ -131,8 +131,9 @@ fn publish_check_interval() -> Duration {
     Duration::from_secs(60)
 }
 
-/// How many recent bundles the status writer keeps to find the one the pods run.
-const RECENT_BUNDLES: usize = 16;
+/// How many recent bundles the leader's status writer keeps to find the one the pods run
+/// (each holds its configuration: 4.4 MB at 10,000 Ingresses).
+const RECENT_BUNDLES: usize = 4;
 
 #[derive(Default)]
 struct Desired {
@@ -165,6 +166,9 @@ struct Written {
     haproxycfg_spec: Option<(String, i64)>,
     /// When the object was last read to see that it still holds that spec.
     haproxycfg_checked: Option<std::time::Instant>,
+    /// The `spec.checksum` written (or found when seeding): an edit that recomputes or drops
+    /// it shows too.
+    haproxycfg_checksum: Option<String>,
     /// The spec of the object already there was taken as this leader's starting point.
     haproxycfg_seeded: bool,
     /// Per object: the status the templates asked for, and what was written (with times).
@@ -211,7 +215,11 @@ impl StatusWriter {
             }
             StatusMsg::Reconciled { error } => desired.reconcile = Some(error),
             StatusMsg::Published(p) => {
-                // The bundles a pod may run while newer ones are on their way.
+                // The bundles a pod may run while newer ones are on their way; only the leader
+                // publishes, so a standby keeps none but the latest.
+                if !self.shared.leadership().is_leader() {
+                    desired.recent.clear();
+                }
                 desired.recent.push_back(p.clone());
                 if desired.recent.len() > RECENT_BUNDLES {
                     desired.recent.pop_front();
@@ -492,7 +500,10 @@ impl StatusWriter {
             // A new leader (or one whose pods run none of its bundles yet): the object there
             // stays, and its status follows the pods.
             written.haproxycfg_seeded = true;
-            written.haproxycfg_spec = self.published_spec(threshold);
+            if let Some((spec, checksum)) = self.published_spec(threshold) {
+                written.haproxycfg_spec = Some(spec);
+                written.haproxycfg_checksum = checksum;
+            }
         }
         let (spec, p) = match (deployed, &written.haproxycfg_spec) {
             (Some(p), _) => ((p.hash.to_string(), threshold), p.as_ref()),
@@ -516,10 +527,19 @@ impl StatusWriter {
         // configuration, and a large one costs its compression and upload.
         let spec_written = written.haproxycfg_spec.as_ref() == Some(&spec);
         match self.publish_haproxycfg(p, threshold, spec_written, &spec.0, &pods) {
-            Ok(()) => {
+            // The object holds another bundle than the status describes (someone replaced its
+            // spec since): written again next round.
+            Ok((false, _)) => {
+                written.haproxycfg_spec = None;
+                written.haproxycfg = None;
+            }
+            Ok((true, checksum)) => {
                 written.haproxycfg = Some(key);
                 written.haproxycfg_spec = Some(spec);
                 written.haproxycfg_too_large = None;
+                if checksum.is_some() {
+                    written.haproxycfg_checksum = checksum;
+                }
             }
             Err(e) if e.is_unserved_resource() => {
                 log::warn!("HAProxyCfg is not served by the API server (CRD missing?); not publishing: {e}");
@@ -555,15 +575,21 @@ impl StatusWriter {
         }
     }
 
-    /// The (bundle, threshold) of the object as it is, when it holds a configuration.
-    fn published_spec(&self, threshold: i64) -> Option<(String, i64)> {
+    /// The (bundle, threshold) and checksum of the object as it is, when it holds a readable
+    /// configuration.
+    fn published_spec(&self, threshold: i64) -> Option<((String, i64), Option<String>)> {
         let name = format!("{}-haproxycfg", self.config_name);
         let object = self
             .client
             .get(&haproxycfg_resource(), Some(&self.namespace), &name)
             .ok()?;
         let bundle = object.pointer("/spec/bundle").and_then(Value::as_str)?;
-        (!bundle.is_empty()).then(|| (bundle.to_string(), threshold))
+        super::hpcfg::content(&object).ok()?;
+        let checksum = object
+            .pointer("/spec/checksum")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        (!bundle.is_empty()).then(|| ((bundle.to_string(), threshold), checksum))
     }
 
     /// Every minute, whether the object still holds the spec last written (it can be deleted,
@@ -587,6 +613,8 @@ impl StatusWriter {
             // The same bundle, and a content that matches its checksum (an edit to either shows).
             Ok(object) => {
                 object.pointer("/spec/bundle").and_then(Value::as_str) == Some(bundle.as_str())
+                    && object.pointer("/spec/checksum").and_then(Value::as_str)
+                        == written.haproxycfg_checksum.as_deref()
                     && super::hpcfg::content(&object).is_ok()
             }
             Err(e) if e.is_not_found() => false,
@@ -612,20 +640,26 @@ impl StatusWriter {
         spec_written: bool,
         spec_bundle: &str,
         pods: &[crate::deploy::PodStatus],
-    ) -> Result<(), crate::kube::client::KubeError> {
+    ) -> Result<(bool, Option<String>), crate::kube::client::KubeError> {
         let res = haproxycfg_resource();
         let ns = Some(self.namespace.as_str());
         let name = format!("{}-haproxycfg", self.config_name);
         let status = json!({"deployedToPods": pods.iter().filter(|pod| pod.applied_bundle.as_deref() == Some(spec_bundle)).map(|pod| json!({
             "podName": pod.name, "deployedAt": pod.last_deployed_at, "checksum": spec_bundle, "lastResult": pod.last_result})).collect::<Vec<_>>(),
             "pods": pods});
+        let mut checksum = None;
         if !spec_written {
             let spec = super::hpcfg::spec(&p.bundle.haproxy_cfg, threshold, p.hash.as_str());
+            checksum = spec["checksum"].as_str().map(str::to_string);
             self.write_spec(spec)?;
         }
-        self.client
+        let object = self
+            .client
             .merge_patch_status(&res, ns, &name, &json!({"status": status}))?;
-        Ok(())
+        Ok((
+            object.pointer("/spec/bundle").and_then(Value::as_str) == Some(spec_bundle),
+            checksum,
+        ))
     }
 
     /// Creates the object with `spec`, or replaces the spec of the one there. A spec above

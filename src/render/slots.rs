@@ -348,19 +348,15 @@ impl Endpoints {
                 if ready == Some(false) {
                     continue;
                 }
-                if let Some(target) = ep.get("targetRef").filter(|_| dual) {
-                    let key = ["kind", "namespace", "name", "uid"]
+                let target = ep.get("targetRef").filter(|_| dual).map(|target| {
+                    ["kind", "namespace", "name", "uid"]
                         .map(|k| text(target.get(k)))
-                        .join("/");
-                    match targets.get(&key) {
-                        Some(first) if first != family => {
-                            out.other_family += 1;
-                            continue;
-                        }
-                        Some(_) => {}
-                        None => {
-                            targets.insert(key, family.to_string());
-                        }
+                        .join("/")
+                });
+                if let Some(first) = target.as_ref().and_then(|key| targets.get(key)) {
+                    if first != family {
+                        out.other_family += 1;
+                        continue;
                     }
                 }
                 let addresses = ep
@@ -368,8 +364,14 @@ impl Endpoints {
                     .map(NodeRef::items)
                     .into_iter()
                     .flatten();
+                let mut served = false;
                 for addr in addresses {
-                    out.add(addr, port, refuse);
+                    served |= out.add(addr, port, refuse);
+                }
+                // Only a pod served in this family is skipped in the other: one whose address
+                // here is refused or unusable keeps its other family's.
+                if let (Some(key), true) = (target, served) {
+                    targets.entry(key).or_insert_with(|| family.to_string());
                 }
             }
         }
@@ -378,21 +380,23 @@ impl Endpoints {
         out
     }
 
-    fn add(&mut self, addr: NodeRef<'_>, port: u64, refuse: &[Range]) {
+    /// Whether the address became a server key.
+    fn add(&mut self, addr: NodeRef<'_>, port: u64, refuse: &[Range]) -> bool {
         let Some(ip) = addr.as_str().and_then(|a| a.parse::<IpAddr>().ok()) else {
             self.bad_addrs += 1;
-            return;
+            return false;
         };
         if refuse.iter().any(|r| r.contains(&ip)) {
             if self.refused_seen.insert(ip) {
                 self.refused.push(ip);
             }
-            return;
+            return false;
         }
         // The address as written when it is canonical, so keys match current_config. Repeats
         // are removed once all are collected (checking each against all before it was
         // quadratic: seconds for one large EndpointSlice).
         self.keys.push(format!("{ip}|{port}"));
+        true
     }
 
     /// Keeps at most `max` endpoints: those a running server serves first (a limit never moves

@@ -1335,8 +1335,13 @@ class Binaries(unittest.TestCase):
         self.assertIn("--agent-client-cert-dir", controller_flags, controller_help)
         self.assertIn("CONFIG_NAME", controller_env, controller_help)
         agent_help = self.help_text(f"{static}/haptic-agent", "serve", "--help")
-        agent_flags = set(re.findall(r"--[a-z][a-z-]*", agent_help))
+        # One usage text for both subcommands: serve's lines, then init's.
+        serve_part, _, init_part = agent_help.partition("haptic-agent init")
+        agent_flags = set(re.findall(r"--[a-z][a-z-]*", serve_part))
+        init_flags = set(re.findall(r"--[a-z][a-z-]*", init_part))
         self.assertIn("--client-name", agent_flags, agent_help)
+        self.assertIn("--bootstrap", init_flags, agent_help)
+        self.assertNotIn("--bootstrap", agent_flags, agent_help)
 
         def flags(args):
             return {a.split("=", 1)[0] for a in args if a.startswith("--")}
@@ -1356,7 +1361,7 @@ class Binaries(unittest.TestCase):
             self.assertLessEqual(flags(agent["args"]), agent_flags, variant)
             for init in pod.get("initContainers", []):
                 self.assertEqual(init["args"][0], "init", init)
-                self.assertLessEqual(flags(init["args"]), agent_flags, variant)
+                self.assertLessEqual(flags(init["args"]), init_flags, variant)
             seen |= flags(controller["args"]) | flags(agent["args"]) | env
         # The check looks at something: the flags of the mutual-TLS and plain-HTTP modes.
         self.assertLessEqual({"--client-name", "--insecure-http-with-basic-auth", "--agent-credentials-dir", "HEALTH_PORT"}, seen)
