@@ -252,6 +252,54 @@ fn web_servers(cfg: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// What controller `i` rendered last (empty until it answers).
+fn rendered(c: &Cluster, i: usize) -> String {
+    let ctrl = &c.controllers[i];
+    ctrl.get(ctrl.health_port, "/debug/rendered")
+        .map(|(_, cfg)| cfg)
+        .unwrap_or_default()
+}
+
+/// The server slot of backend `b` in the `web` backend of `cfg`.
+fn slot_of(cfg: &str, b: &Backend) -> Option<usize> {
+    web_servers(cfg)
+        .iter()
+        .position(|l| l.contains(&format!(":{} ", b.port)))
+}
+
+/// Service `web` with two backends behind an Ingress, as controller 0 renders it; then the
+/// backend in the first server slot goes (only its EndpointSlice: `set_endpoints` would pass
+/// through "none"), so the other keeps a later slot and the first stays free. Returns the
+/// backends, the index of the one that went, and controller 0's configuration after.
+fn web_with_a_free_first_slot(c: &Cluster) -> ([Backend; 2], usize, String) {
+    let web = [Backend::start("web-1"), Backend::start("web-2")];
+    c.create_service("web", &[&web[0], &web[1]]);
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("web", "web.example.com", "web", "")),
+    );
+    assert!(ok, "{out}");
+    wait_for("both backends in the config", DEADLINE, || {
+        let cfg = rendered(c, 0);
+        web.iter().all(|b| slot_of(&cfg, b).is_some())
+    });
+    let gone = usize::from(slot_of(&rendered(c, 0), &web[0]) != Some(0));
+    let kept = &web[1 - gone];
+    let (ok, out) = c.kubectl(
+        &["delete", "endpointslice", &format!("web-slice-{gone}")],
+        None,
+    );
+    assert!(ok, "{out}");
+    c.wait_route("web.example.com", "/", 200, &kept.name, DEADLINE);
+    wait_for("one backend left", DEADLINE, || {
+        let cfg = rendered(c, 0);
+        slot_of(&cfg, kept).is_some() && slot_of(&cfg, &web[gone]).is_none()
+    });
+    let cfg = rendered(c, 0);
+    assert!(slot_of(&cfg, kept) > Some(0), "{:?}", web_servers(&cfg));
+    (web, gone, cfg)
+}
+
 #[test]
 fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
     require("haproxy");
@@ -296,52 +344,9 @@ fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
     let mut config = c.config_object("");
     config["spec"]["controller"]["configPublishing"] = json!({"compressionThreshold": 1024});
     c.apply_config(&config);
-    let (web1, web2) = (Backend::start("web-1"), Backend::start("web-2"));
-    c.create_service("web", &[&web1, &web2]);
-    let (ok, out) = c.kubectl(
-        &["apply", "--validate=false", "-f", "-"],
-        Some(&ingress("web", "web.example.com", "web", "")),
-    );
-    assert!(ok, "{out}");
-    wait_for("both backends serve", DEADLINE, || {
-        seen_backends(&c, "web.example.com", 6).len() == 2
-    });
-    let ctrl = &c.controllers[0];
-    let deployed = || ctrl.get(ctrl.health_port, "/debug/rendered").unwrap().1;
-    let has = |cfg: &str, b: &Backend| {
-        web_servers(cfg)
-            .iter()
-            .any(|l| l.contains(&format!(":{} ", b.port)))
-    };
-    wait_for("both in the config", DEADLINE, || {
-        let cfg = deployed();
-        has(&cfg, &web1) && has(&cfg, &web2)
-    });
-    // The backend in the first slot goes; the other keeps its slot, and the first stays free.
-    let first = web_servers(&deployed())[0].clone();
-    let (gone, kept) = if first.contains(&format!(":{} ", web1.port)) {
-        (&web1, &web2)
-    } else {
-        (&web2, &web1)
-    };
-    // Only its EndpointSlice goes (set_endpoints would delete both and pass through "none").
-    let gone_index = usize::from(!std::ptr::eq(gone, &web1));
-    let slice = format!("web-slice-{gone_index}");
-    let (ok, out) = c.kubectl(&["delete", "endpointslice", &slice], None);
-    assert!(ok, "{out}");
-    c.wait_route("web.example.com", "/", 200, &kept.name, DEADLINE);
-    wait_for("one backend left", DEADLINE, || {
-        let cfg = deployed();
-        has(&cfg, kept) && !has(&cfg, gone)
-    });
-    let before = deployed();
-    let slot_of = |cfg: &str| {
-        web_servers(cfg)
-            .iter()
-            .position(|l| l.contains(&format!(":{} ", kept.port)))
-    };
-    let slot = slot_of(&before);
-    assert!(slot > Some(0), "{:?}", web_servers(&before));
+    let (web, gone, before) = web_with_a_free_first_slot(&c);
+    let kept = &web[1 - gone];
+    let slot = slot_of(&before, kept);
 
     // The leader publishes it compressed (above the 1 KiB threshold), with the checksum of the
     // text; `haptic config view` reads it back from what kubectl prints.
@@ -436,12 +441,11 @@ fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
     assert_eq!(web_servers(&after), web_servers(&before));
     assert_eq!(after, before);
     // A change after the takeover still keeps the slots: the other comes back into the free one.
-    c.add_endpoint_slice("web", gone_index, gone);
+    c.add_endpoint_slice("web", gone, &web[gone]);
     wait_for("both backends serve again", DEADLINE, || {
         seen_backends(&c, "web.example.com", 6).len() == 2
     });
-    let (_, last) = ctrl_b.get(ctrl_b.health_port, "/debug/rendered").unwrap();
-    assert_eq!(slot_of(&last), slot);
+    assert_eq!(slot_of(&rendered(&c, next), kept), slot);
     assert_eq!(
         pids,
         worker_pids(&c),
@@ -475,52 +479,8 @@ fn a_standby_that_takes_over_keeps_the_server_slots_the_pods_run() {
     c.apply_config(&c.config_object(""));
     c.add_pod();
     c.start_controller("ctrl-a");
-    let (web1, web2) = (Backend::start("web-1"), Backend::start("web-2"));
-    c.create_service("web", &[&web1, &web2]);
-    let (ok, out) = c.kubectl(
-        &["apply", "--validate=false", "-f", "-"],
-        Some(&ingress("web", "web.example.com", "web", "")),
-    );
-    assert!(ok, "{out}");
-    let rendered = |c: &Cluster, i: usize| {
-        let ctrl = &c.controllers[i];
-        // Empty until the controller answers.
-        ctrl.get(ctrl.health_port, "/debug/rendered")
-            .map(|(_, cfg)| cfg)
-            .unwrap_or_default()
-    };
-    let has = |cfg: &str, b: &Backend| {
-        web_servers(cfg)
-            .iter()
-            .any(|l| l.contains(&format!(":{} ", b.port)))
-    };
-    wait_for("both in the config", DEADLINE, || {
-        let cfg = rendered(&c, 0);
-        cfg.contains("\nbackend ") && has(&cfg, &web1) && has(&cfg, &web2)
-    });
-    // The backend in the first slot goes; the other keeps its slot on the pods.
-    let first = web_servers(&rendered(&c, 0))[0].clone();
-    let gone = usize::from(!first.contains(&format!(":{} ", web1.port)));
-    let kept = if gone == 0 { &web2 } else { &web1 };
-    let (ok, out) = c.kubectl(
-        &["delete", "endpointslice", &format!("web-slice-{gone}")],
-        None,
-    );
-    assert!(ok, "{out}");
-    let slot_of = |cfg: &str| {
-        web_servers(cfg)
-            .iter()
-            .position(|l| l.contains(&format!(":{} ", kept.port)))
-    };
-    wait_for("one backend left", DEADLINE, || {
-        web_servers(&rendered(&c, 0))
-            .iter()
-            .filter(|l| l.contains(" enabled"))
-            .count()
-            == 1
-    });
-    let deployed = rendered(&c, 0);
-    assert!(slot_of(&deployed) > Some(0), "{:?}", web_servers(&deployed));
+    let (web, gone, deployed) = web_with_a_free_first_slot(&c);
+    let kept = &web[1 - gone];
     let published = |c: &Cluster| {
         let (ok, out) = c.kubectl(
             &[
@@ -554,7 +514,7 @@ fn a_standby_that_takes_over_keeps_the_server_slots_the_pods_run() {
     assert!(ok, "{out}");
     let standby = c.start_controller("ctrl-b");
     wait_for("the standby renders its own slots", DEADLINE, || {
-        slot_of(&rendered(&c, standby)) == Some(0)
+        slot_of(&rendered(&c, standby), kept) == Some(0)
     });
     // The leader publishes again (another compression threshold: the same configuration).
     let mut config = c.config_object("");
@@ -563,7 +523,7 @@ fn a_standby_that_takes_over_keeps_the_server_slots_the_pods_run() {
     wait_for("the config published again", DEADLINE, || {
         published(&c).is_some_and(|p| p.starts_with(&format!("{checksum} ")))
     });
-    assert_eq!(slot_of(&rendered(&c, standby)), Some(0));
+    assert_eq!(slot_of(&rendered(&c, standby), kept), Some(0));
 
     // The leader goes: the standby takes the published slots before its first push, so the
     // pods keep what they run, and HAProxy is not touched.
