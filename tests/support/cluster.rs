@@ -362,9 +362,20 @@ impl Controller {
             .is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
+    /// SIGKILL, and the `haproxy -c` directories it may have left mid-check (a killed process
+    /// removes nothing).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            let pid = c.id();
             kill(&mut c);
+            let prefix = format!("haptic-check-{pid}-");
+            if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
+                for entry in entries.flatten() {
+                    if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                        let _ = std::fs::remove_dir_all(entry.path());
+                    }
+                }
+            }
         }
     }
 
