@@ -1,5 +1,7 @@
 //! `haptic config merge -f A -f B`: the merged config as YAML (the merge the Helm chart does).
 
+use std::path::Path;
+
 use super::args::{opt, parse, switch, usage, Spec};
 use super::CommandResult;
 
@@ -119,19 +121,14 @@ fn view(args: &[String]) -> CommandResult {
         }
         None => {
             use super::run::flag_or_env;
-            let kube = match flag_or_env(&parsed, "kubeconfig", "KUBECONFIG") {
-                Some(path) => {
-                    crate::kube::config::KubeConfig::from_kubeconfig(path.as_ref(), None)?
-                }
-                None => crate::kube::config::KubeConfig::in_cluster()?,
-            };
+            let kubeconfig = flag_or_env(&parsed, "kubeconfig", "KUBECONFIG");
+            let kube = crate::kube::config::KubeConfig::load(kubeconfig.as_deref().map(Path::new))?;
             let client = crate::kube::client::Client::new(&kube)?;
             let namespace = flag_or_env(&parsed, "namespace", "POD_NAMESPACE")
                 .unwrap_or_else(|| client.default_namespace().to_string());
-            let name = format!(
-                "{}-haproxycfg",
-                flag_or_env(&parsed, "config-name", "CONFIG_NAME")
-                    .unwrap_or_else(|| "haptic-config".into())
+            let name = crate::controller::hpcfg::name(
+                &flag_or_env(&parsed, "config-name", "CONFIG_NAME")
+                    .unwrap_or_else(|| "haptic-config".into()),
             );
             let object = client
                 .get(

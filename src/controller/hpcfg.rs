@@ -20,6 +20,30 @@ pub const MAX_CONTENT: usize = 32 << 20;
 /// etcd's default request limit (1.5 MiB): the API server refuses a larger object.
 pub const MAX_OBJECT: usize = 1_572_864;
 
+/// The object's name for the HAProxyTemplateConfig `config_name`.
+pub fn name(config_name: &str) -> String {
+    format!("{config_name}-haproxycfg")
+}
+
+/// What a published object holds, read back ([`read`]).
+pub struct Stored {
+    pub content: String,
+    /// `spec.bundle` (empty when absent).
+    pub bundle: String,
+    pub checksum: Option<String>,
+}
+
+/// The configuration ([`content`]) with the object's `spec.bundle` and `spec.checksum`.
+pub fn read(object: &Value) -> Result<Stored, String> {
+    let content = content(object)?;
+    let field = |path| object.pointer(path).and_then(Value::as_str);
+    Ok(Stored {
+        content,
+        bundle: field("/spec/bundle").unwrap_or_default().to_string(),
+        checksum: field("/spec/checksum").map(str::to_string),
+    })
+}
+
 /// The `spec` for `haproxy_cfg`: compressed when `threshold` is above 0 and the text is at
 /// least that long (0 never compresses).
 pub fn spec(haproxy_cfg: &str, threshold: i64, bundle: &str) -> Value {

@@ -243,10 +243,7 @@ fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
 
 pub fn run(opts: Options) -> Result<(), String> {
     install_signal_handlers();
-    let kube_config = match &opts.kubeconfig {
-        Some(path) => KubeConfig::from_kubeconfig(path, None)?,
-        None => KubeConfig::in_cluster()?,
-    };
+    let kube_config = KubeConfig::load(opts.kubeconfig.as_deref())?;
     let client = Client::new(&kube_config)?;
     let namespace = opts
         .namespace
@@ -406,7 +403,7 @@ fn controller_metrics() -> Registry {
 
 /// The haproxy.cfg and bundle hash of the published `HAProxyCfg`, when there is a readable one.
 fn read_published(client: &Client, namespace: &str, config_name: &str) -> Option<(String, String)> {
-    let name = format!("{config_name}-haproxycfg");
+    let name = hpcfg::name(config_name);
     let object = match client.get(&status::haproxycfg_resource(), Some(namespace), &name) {
         Ok(object) => object,
         Err(e) if e.is_not_found() => {
@@ -420,16 +417,9 @@ fn read_published(client: &Client, namespace: &str, config_name: &str) -> Option
             return None;
         }
     };
-    match hpcfg::content(&object) {
-        Ok(content) if content.is_empty() => None,
-        Ok(content) => {
-            let bundle = object
-                .pointer("/spec/bundle")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or_default()
-                .to_string();
-            Some((content, bundle))
-        }
+    match hpcfg::read(&object) {
+        Ok(stored) if stored.content.is_empty() => None,
+        Ok(stored) => Some((stored.content, stored.bundle)),
         Err(e) => {
             log::warn!(
                 "HAProxyCfg {namespace}/{name} is unreadable, so server slots start afresh: {e}"

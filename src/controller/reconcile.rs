@@ -191,6 +191,13 @@ impl Reconciler {
         true
     }
 
+    /// Releases the deployer's leader term waiting for a render with adopted slots, if any.
+    fn release_term(&self, s: &mut Loop) {
+        if let Some(epoch) = s.release.take() {
+            let _ = self.deployer.send(DeployMsg::Release(epoch));
+        }
+    }
+
     fn next_timeout(&self, s: &Loop) -> Duration {
         let Some(config) = &s.config else {
             return Duration::from_millis(500);
@@ -388,9 +395,7 @@ impl Reconciler {
                 s.current_config = Some(Arc::new(CurrentConfig::parse(&bundle.haproxy_cfg)));
                 s.adopted = false;
             }
-            if let Some(epoch) = s.release.take() {
-                let _ = self.deployer.send(DeployMsg::Release(epoch));
-            }
+            self.release_term(s);
             self.succeeded(s, &bundle, started);
             return;
         }
@@ -431,9 +436,7 @@ impl Reconciler {
             first_change,
         });
         let _ = self.deployer.send(DeployMsg::Bundle(published.clone()));
-        if let Some(epoch) = s.release.take() {
-            let _ = self.deployer.send(DeployMsg::Release(epoch));
-        }
+        self.release_term(s);
         let _ = self.status.send(StatusMsg::Published(published));
         s.last_validated = Some(bundle.clone());
         self.succeeded(s, &bundle, started);
@@ -469,9 +472,7 @@ impl Reconciler {
     fn failed(&self, s: &mut Loop, stage: Stage, error: String, started: Instant) {
         // A term waiting for a render with the adopted slots gets none: the deployer goes on
         // with the bundle it has.
-        if let Some(epoch) = s.release.take() {
-            let _ = self.deployer.send(DeployMsg::Release(epoch));
-        }
+        self.release_term(s);
         let stage = stage.as_str();
         let metrics = &self.shared.metrics;
         metrics.inc(&crate::metrics::RECONCILIATION_ERRORS_TOTAL, [stage]);

@@ -575,21 +575,20 @@ impl StatusWriter {
         }
     }
 
+    /// The HAProxyCfg as it is.
+    fn get_published(&self) -> Result<Value, crate::kube::client::KubeError> {
+        self.client.get(
+            &haproxycfg_resource(),
+            Some(&self.namespace),
+            &super::hpcfg::name(&self.config_name),
+        )
+    }
+
     /// The (bundle, threshold) and checksum of the object as it is, when it holds a readable
     /// configuration.
     fn published_spec(&self, threshold: i64) -> Option<((String, i64), Option<String>)> {
-        let name = format!("{}-haproxycfg", self.config_name);
-        let object = self
-            .client
-            .get(&haproxycfg_resource(), Some(&self.namespace), &name)
-            .ok()?;
-        let bundle = object.pointer("/spec/bundle").and_then(Value::as_str)?;
-        super::hpcfg::content(&object).ok()?;
-        let checksum = object
-            .pointer("/spec/checksum")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        (!bundle.is_empty()).then(|| ((bundle.to_string(), threshold), checksum))
+        let stored = super::hpcfg::read(&self.get_published().ok()?).ok()?;
+        (!stored.bundle.is_empty()).then_some(((stored.bundle, threshold), stored.checksum))
     }
 
     /// Every minute, whether the object still holds the spec last written (it can be deleted,
@@ -605,18 +604,11 @@ impl StatusWriter {
             return;
         }
         written.haproxycfg_checked = Some(std::time::Instant::now());
-        let name = format!("{}-haproxycfg", self.config_name);
-        let found = match self
-            .client
-            .get(&haproxycfg_resource(), Some(&self.namespace), &name)
-        {
-            // The same bundle, and a content that matches its checksum (an edit to either shows).
-            Ok(object) => {
-                object.pointer("/spec/bundle").and_then(Value::as_str) == Some(bundle.as_str())
-                    && object.pointer("/spec/checksum").and_then(Value::as_str)
-                        == written.haproxycfg_checksum.as_deref()
-                    && super::hpcfg::content(&object).is_ok()
-            }
+        let found = match self.get_published() {
+            // The same bundle and checksum, and a content that matches it (an edit to any shows).
+            Ok(object) => super::hpcfg::read(&object).is_ok_and(|stored| {
+                stored.bundle == *bundle && stored.checksum == written.haproxycfg_checksum
+            }),
             Err(e) if e.is_not_found() => false,
             Err(e) => {
                 log::debug!("check HAProxyCfg: {e}");
@@ -625,8 +617,9 @@ impl StatusWriter {
         };
         if !found {
             log::warn!(
-                "HAProxyCfg {}/{name} no longer holds bundle {bundle}: writing it again",
-                self.namespace
+                "HAProxyCfg {}/{} no longer holds bundle {bundle}: writing it again",
+                self.namespace,
+                super::hpcfg::name(&self.config_name)
             );
             written.haproxycfg_spec = None;
             written.haproxycfg = None;
@@ -643,7 +636,7 @@ impl StatusWriter {
     ) -> Result<(bool, Option<String>), crate::kube::client::KubeError> {
         let res = haproxycfg_resource();
         let ns = Some(self.namespace.as_str());
-        let name = format!("{}-haproxycfg", self.config_name);
+        let name = super::hpcfg::name(&self.config_name);
         let status = json!({"deployedToPods": pods.iter().filter(|pod| pod.applied_bundle.as_deref() == Some(spec_bundle)).map(|pod| json!({
             "podName": pod.name, "deployedAt": pod.last_deployed_at, "checksum": spec_bundle, "lastResult": pod.last_result})).collect::<Vec<_>>(),
             "pods": pods});
@@ -668,7 +661,7 @@ impl StatusWriter {
     fn write_spec(&self, spec: Value) -> Result<(), crate::kube::client::KubeError> {
         let res = haproxycfg_resource();
         let ns = Some(self.namespace.as_str());
-        let name = format!("{}-haproxycfg", self.config_name);
+        let name = super::hpcfg::name(&self.config_name);
         let size = serde_json::to_vec(&spec).map_or(0, |b| b.len());
         if size > super::hpcfg::MAX_OBJECT {
             return Err(crate::kube::client::KubeError::Api {

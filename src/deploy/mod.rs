@@ -264,15 +264,9 @@ impl Deployer {
             .set(&crate::metrics::ADMITTED_PODS, [], plan.admitted() as f64);
 
         let (published, epoch, due) = match plan.pushes(epoch, min_interval, Instant::now()) {
-            PushPlan::Nothing => {
-                // While a term is held, look again soon: the release comes as a message, the
-                // deadline does not.
-                let idle = match epoch.and_then(|e| plan.held_until(e, Instant::now())) {
-                    Some(_) => plan::MIN_WAKE.max(Duration::from_millis(50)),
-                    None => plan::IDLE,
-                };
-                return plan.next_wake(idle, Instant::now());
-            }
+            // A held term ends with a message (which wakes the deployer) or, at its deadline,
+            // within an idle wake.
+            PushPlan::Nothing => return plan.next_wake(plan::IDLE, Instant::now()),
             PushPlan::RateLimited { until } => {
                 return until
                     .saturating_duration_since(Instant::now())

@@ -189,9 +189,7 @@ impl Planner {
     /// Whether the term of `epoch` still waits for the reconciler; `None` when it does not.
     pub(super) fn held_until(&self, epoch: u64, now: Instant) -> Option<Instant> {
         match self.hold {
-            Some((e, until)) if e == epoch && self.released != Some(e) && now < until => {
-                Some(until)
-            }
+            Some((e, until)) if e == epoch && self.released < Some(e) && now < until => Some(until),
             _ => None,
         }
     }

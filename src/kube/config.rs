@@ -38,6 +38,14 @@ fn decode_data(field: &str, text: &str) -> Result<Vec<u8>, String> {
 }
 
 impl KubeConfig {
+    /// The kubeconfig file's current context, or without one the in-cluster configuration.
+    pub fn load(kubeconfig: Option<&Path>) -> Result<KubeConfig, String> {
+        match kubeconfig {
+            Some(path) => KubeConfig::from_kubeconfig(path, None),
+            None => KubeConfig::in_cluster(),
+        }
+    }
+
     /// The in-cluster configuration (service-account token, CA and namespace).
     pub fn in_cluster() -> Result<KubeConfig, String> {
         KubeConfig::in_cluster_from(Path::new(SA_DIR))

@@ -183,10 +183,9 @@ pub(crate) fn server_lines(
                     .into_iter()
                     .flatten()
                     .next()
-                    .map(|f| text(Some(f)).to_string())
             })
-            .unwrap_or_else(|| "IPv4".to_string());
-        endpoints = Endpoints::collect(&found, port_name, &ranges, &primary);
+            .map_or("IPv4", |f| text(Some(f)));
+        endpoints = Endpoints::collect(&found, port_name, &ranges, primary);
     }
 
     let running = current.as_ref().and_then(|c| c.backend(be_name)).cloned();
@@ -311,16 +310,19 @@ impl Endpoints {
     /// endpoints without a `targetRef` are all kept.
     fn collect(slices: &[Arc<Doc>], port_name: &str, refuse: &[Range], primary: &str) -> Endpoints {
         let mut out = Endpoints::default();
-        let mut ordered: Vec<NodeRef<'_>> = slices.iter().map(|s| s.root()).collect();
-        ordered.sort_by_key(|s| text(s.get("addressType")) != primary);
+        // (addressType, slice), the Service's first family first.
+        let mut ordered: Vec<(&str, NodeRef<'_>)> = slices
+            .iter()
+            .map(|s| (text(s.root().get("addressType")), s.root()))
+            .collect();
+        ordered.sort_by_key(|(family, _)| *family != primary);
         // Only a Service with slices of both families can list a pod twice: the others (all
         // but dual-stack Services) skip the bookkeeping.
-        let families = |f: &str| ordered.iter().any(|s| text(s.get("addressType")) == f);
-        let dual = families("IPv4") && families("IPv6");
+        let has = |f: &str| ordered.iter().any(|(family, _)| *family == f);
+        let dual = has("IPv4") && has("IPv6");
         // targetRef → the family it was first taken from.
-        let mut targets: std::collections::HashMap<String, String> = Default::default();
-        for slice in ordered {
-            let family = text(slice.get("addressType"));
+        let mut targets: std::collections::HashMap<String, &str> = Default::default();
+        for (family, slice) in ordered {
             if family == "FQDN" {
                 continue;
             }
@@ -353,7 +355,7 @@ impl Endpoints {
                         .map(|k| text(target.get(k)))
                         .join("/")
                 });
-                if let Some(first) = target.as_ref().and_then(|key| targets.get(key)) {
+                if let Some(&first) = target.as_ref().and_then(|key| targets.get(key)) {
                     if first != family {
                         out.other_family += 1;
                         continue;
@@ -371,7 +373,7 @@ impl Endpoints {
                 // Only a pod served in this family is skipped in the other: one whose address
                 // here is refused or unusable keeps its other family's.
                 if let (Some(key), true) = (target, served) {
-                    targets.entry(key).or_insert_with(|| family.to_string());
+                    targets.entry(key).or_insert(family);
                 }
             }
         }
