@@ -281,6 +281,7 @@ fn haproxytech_rate_limit_denies_past_the_limit_per_source() {
     for (name, annotations) in [
         ("limited", "haproxy.org/rate-limit-requests: \"3\", haproxy.org/rate-limit-period: 1m, haproxy.org/rate-limit-status-code: \"429\""),
         ("open", "haproxy.org/timeout-server: 30s"),
+        ("keyed", "haproxy.org/rate-limit-requests: \"2\", haproxy.org/rate-limit-period: 1m, haproxy.org/rate-limit-status-code: \"429\", haproxy.org/src-ip-header: X-Real-IP"),
     ] {
         m.push_str(&format!(
             "---\napiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: default, annotations: {{{annotations}}}}}\nspec: {{ingressClassName: haproxy, rules: [{{host: {name}.test, http: {{paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{name: http}}}}}}}}]}}}}]}}\n"
@@ -294,6 +295,40 @@ fn haproxytech_rate_limit_denies_past_the_limit_per_source() {
     // Another Ingress's traffic is not counted or limited.
     let statuses: Vec<u16> = (0..5).map(|_| p.http("open.test", "/").status).collect();
     assert_eq!(statuses, [200; 5]);
+
+    // What counts as one source (the address src-ip-header names): an IPv4 address; an IPv6
+    // /64, which one host can fill with addresses; but behind NAT64 (64:ff9b::/96) each
+    // address is an IPv4 client of its own, which a /64 key would limit all together.
+    let from = |ip: &str| {
+        p.http_with("keyed.test", "/", &["-H", &format!("X-Real-IP: {ip}")])
+            .status
+    };
+    let sources = |ips: &[&str]| ips.iter().map(|ip| from(ip)).collect::<Vec<u16>>();
+    assert_eq!(
+        sources(&["192.0.2.1", "192.0.2.1", "192.0.2.1"]),
+        [200, 200, 429]
+    );
+    assert_eq!(sources(&["192.0.2.2"]), [200]);
+    assert_eq!(
+        sources(&["2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2::ffff"]),
+        [200, 200, 429],
+        "addresses of one /64 share a count"
+    );
+    assert_eq!(sources(&["2001:db8:1:3::1"]), [200], "another /64");
+    assert_eq!(
+        sources(&[
+            "64:ff9b::c633:6401",
+            "64:ff9b::c633:6401",
+            "64:ff9b::c633:6401"
+        ]),
+        [200, 200, 429],
+        "one NAT64 client (198.51.100.1)"
+    );
+    assert_eq!(
+        sources(&["64:ff9b::c633:6402", "64:ff9b::c633:6403"]),
+        [200, 200],
+        "other IPv4 clients behind the same NAT64 are not limited by the first"
+    );
 }
 
 #[test]
