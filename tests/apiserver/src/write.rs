@@ -166,6 +166,14 @@ fn commit_update(
     if dry {
         return Ok(Some(Reply::Json(200, new)));
     }
+    // A write that changes nothing is not made, as the real API server's storage skips it: no
+    // new resourceVersion and no watch event; the answer is the stored object.
+    if !finalized && unchanged(current, &new) {
+        return Ok(Some(Reply::Json(
+            200,
+            present(current, &t.rtype, &t.version),
+        )));
+    }
     storable(&new)?;
     let gr = t.rtype.group_resource();
     let write = if finalized { None } else { Some(new) };
@@ -180,6 +188,30 @@ fn commit_update(
         Err(CommitError::Conflict) if precondition.is_none() => Ok(None),
         Err(e) => Err(commit_error(t, t.name(), e)),
     }
+}
+
+/// Whether `new` is `current` but for its `metadata.resourceVersion`.
+fn unchanged(current: &Value, new: &Value) -> bool {
+    let (Some(a), Some(b)) = (current.as_object(), new.as_object()) else {
+        return current == new;
+    };
+    let same_meta = |m: &Value, n: &Value| {
+        let (Some(m), Some(n)) = (m.as_object(), n.as_object()) else {
+            return m == n;
+        };
+        let fields = |x: &serde_json::Map<String, Value>| {
+            x.keys().filter(|k| *k != "resourceVersion").count()
+        };
+        fields(m) == fields(n)
+            && m.iter()
+                .all(|(k, v)| k == "resourceVersion" || n.get(k) == Some(v))
+    };
+    a.len() == b.len()
+        && a.iter().all(|(k, v)| match b.get(k) {
+            Some(w) if k == "metadata" => same_meta(v, w),
+            Some(w) => v == w,
+            None => false,
+        })
 }
 
 fn current(ctx: &Ctx, t: &Target) -> Result<Arc<Value>, ApiError> {

@@ -211,6 +211,38 @@ fn kubectl_watch_sees_adds_updates_and_deletes() {
     assert_eq!(next(), "ADDED marker");
     server.kubectl_ok(&["create", "configmap", "w", "--from-literal=a=1"]);
     server.kubectl_ok(&["label", "configmap", "w", "x=y"]);
+    let version = || {
+        server.kubectl_ok(&[
+            "get",
+            "cm",
+            "w",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ])
+    };
+    let before = version();
+    // Writes that change nothing are not written (the real API server's storage skips them):
+    // the same resourceVersion, and no watch event between the label and the delete.
+    server.kubectl_ok(&["label", "configmap", "w", "x=y", "--overwrite"]);
+    server.kubectl_ok(&[
+        "patch",
+        "configmap",
+        "w",
+        "--type=merge",
+        "-p",
+        r#"{"data":{"a":"1"}}"#,
+    ]);
+    server.kubectl_ok(&[
+        "replace",
+        "--validate=false",
+        "-f",
+        &write_manifest(
+            &server,
+            "w.json",
+            &server.kubectl_ok(&["get", "cm", "w", "-o", "json"]),
+        ),
+    ]);
+    assert_eq!(version(), before);
     server.kubectl_ok(&["delete", "configmap", "w"]);
     assert_eq!(next(), "ADDED w");
     assert_eq!(next(), "MODIFIED w");
