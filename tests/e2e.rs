@@ -1478,3 +1478,150 @@ fn hostile_configs_are_refused_live_and_the_last_good_config_keeps_serving() {
             && c.condition("Rendered").is_some_and(|(s, _)| s == "True")
     });
 }
+
+/// Gateway API types as the dev API server needs them: served, with a status subresource.
+fn gateway_crds() -> String {
+    [
+        ("gatewayclasses", "GatewayClass", "Cluster"),
+        ("gateways", "Gateway", "Namespaced"),
+        ("httproutes", "HTTPRoute", "Namespaced"),
+    ]
+    .iter()
+    .map(|(plural, kind, scope)| {
+        format!(
+            "---\napiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\n\
+             metadata: {{name: {plural}.gateway.networking.k8s.io}}\n\
+             spec:\n  group: gateway.networking.k8s.io\n  scope: {scope}\n\
+             \x20 names: {{plural: {plural}, singular: {singular}, kind: {kind}, listKind: {kind}List}}\n\
+             \x20 versions:\n  - name: v1\n    served: true\n    storage: true\n    subresources: {{status: {{}}}}\n\
+             \x20   schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}\n",
+            singular = kind.to_lowercase()
+        )
+    })
+    .collect()
+}
+
+/// `kubectl get RESOURCE NAME -o jsonpath=PATH`, trimmed.
+fn jsonpath(c: &Cluster, resource: &str, name: &str, path: &str) -> String {
+    let (_, out) = c.kubectl(
+        &["get", resource, name, "-o", &format!("jsonpath={path}")],
+        None,
+    );
+    out.trim().to_string()
+}
+
+/// Every status a template writes, by object: its resourceVersion and its conditions' times.
+fn statuses(c: &Cluster, objects: &[(&str, &str)]) -> Vec<String> {
+    objects
+        .iter()
+        .map(|(resource, name)| {
+            let (ok, out) = c.kubectl(
+                &[
+                    "get",
+                    resource,
+                    name,
+                    "-o",
+                    "jsonpath={.metadata.resourceVersion} {..lastTransitionTime}",
+                ],
+                None,
+            );
+            assert!(ok, "{out}");
+            format!("{resource}/{name}: {}", out.trim())
+        })
+        .collect()
+}
+
+/// A controller that starts leading (a restart, a leader change) leaves the statuses that are
+/// already right as they are: no write (the same resourceVersion, so no watch event for every
+/// replica to render), and the conditions keep their lastTransitionTime. An object deleted and
+/// created again under its name gets its status again.
+#[test]
+fn a_new_leader_rewrites_no_status_already_right_and_a_recreated_object_gets_its_own() {
+    require("haproxy");
+    let mut c = Cluster::start(&[]);
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&gateway_crds()),
+    );
+    assert!(ok, "{out}");
+    c.apply_config(
+        &c.config_object_with(&["base", "ssl", "ingress", "gateway", "haproxytech"], ""),
+    );
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    let web = Backend::start("web-1");
+    c.create_service("web", &[&web]);
+    let gateway = format!(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: haproxy}}\n\
+         spec: {{controllerName: haproxy-haptic.org/controller}}\n\
+         ---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: gw, namespace: {NS}}}\n\
+         spec: {{gatewayClassName: haproxy, listeners: [{{name: http, protocol: HTTP, port: 80}}]}}\n\
+         ---\napiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: route, namespace: {NS}}}\n\
+         spec: {{parentRefs: [{{name: gw}}], hostnames: [gw.example.com], rules: [{{backendRefs: [{{name: web, port: 80}}]}}]}}\n"
+    );
+    let manifests = format!(
+        "{gateway}---\n{}",
+        ingress("web", "web.example.com", "web", "")
+    );
+    let (ok, out) = c.kubectl(&["apply", "--validate=false", "-f", "-"], Some(&manifests));
+    assert!(ok, "{out}");
+    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
+    c.wait_route("gw.example.com", "/", 200, "web-1", DEADLINE);
+    let objects = [
+        ("gatewayclass", "haproxy"),
+        ("gateway", "gw"),
+        ("httproute", "route"),
+        ("ingress", "web"),
+    ];
+    wait_for("every status written", DEADLINE, || {
+        jsonpath(
+            &c,
+            "httproute",
+            "route",
+            "{.status.parents[0].conditions[?(@.type==\"Accepted\")].status}",
+        ) == "True"
+            && jsonpath(
+                &c,
+                "gateway",
+                "gw",
+                "{.status.conditions[?(@.type==\"Programmed\")].status}",
+            ) == "True"
+            && jsonpath(
+                &c,
+                "gatewayclass",
+                "haproxy",
+                "{.status.conditions[0].status}",
+            ) == "True"
+            && jsonpath(&c, "ingress", "web", "{.status.loadBalancer.ingress[0].ip}")
+                == "192.0.2.10"
+    });
+    let before = statuses(&c, &objects);
+    // A condition written again now would get another time (RFC 3339 has seconds).
+    std::thread::sleep(Duration::from_millis(1100));
+
+    c.controllers[0].kill();
+    c.start_controller("ctrl-b");
+    wait_for("ctrl-b's statuses", DEADLINE, || {
+        c.controller_log("ctrl-b").contains("object statuses: ") || statuses(&c, &objects) != before
+    });
+    assert_eq!(
+        statuses(&c, &objects),
+        before,
+        "{}",
+        c.controller_log("ctrl-b")
+    );
+
+    // Deleted, left out by a render, and created again: the same status is written again.
+    let (ok, out) = c.kubectl(&["delete", "ingress", "web"], None);
+    assert!(ok, "{out}");
+    c.wait_route("web.example.com", "/", 404, "", DEADLINE);
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("web", "web.example.com", "web", "")),
+    );
+    assert!(ok, "{out}");
+    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
+    wait_for("the new Ingress's status", DEADLINE, || {
+        jsonpath(&c, "ingress", "web", "{.status.loadBalancer.ingress[0].ip}") == "192.0.2.10"
+    });
+}

@@ -72,6 +72,19 @@ pub(crate) fn stamp_conditions(status: &mut Value, previous: Option<&Value>, now
     }
 }
 
+/// Whether a JSON merge patch (RFC 7386) of `patch` leaves `target` as it is.
+fn merge_leaves(target: &Value, patch: &Value) -> bool {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => p.iter().all(|(k, v)| match (t.get(k), v) {
+            (None, Value::Null) => true,
+            (Some(old), v) if !v.is_null() => merge_leaves(old, v),
+            _ => false,
+        }),
+        (_, Value::Object(_)) => false,
+        _ => target == patch,
+    }
+}
+
 pub(crate) enum StatusMsg {
     ConfigValidation {
         generation: i64,
@@ -393,6 +406,36 @@ impl StatusWriter {
     fn write(&self, desired: &Desired, written: &mut Written) {
         let ns = Some(self.namespace.as_str());
         let conditions = self.conditions(desired);
+        // A new leader (or a restart) starts from the conditions the object already has: their
+        // times are kept while their status is, and nothing is written when they are all as
+        // they should be.
+        let current = if written.conditions.is_empty() {
+            match self.client.get(&config_resource(), ns, &self.config_name) {
+                Ok(object) => {
+                    let status = object.get("status").cloned().unwrap_or(Value::Null);
+                    for c in status["conditions"].as_array().into_iter().flatten() {
+                        let Some(kind) =
+                            conditions.iter().map(|c| c.kind).find(|k| c["type"] == *k)
+                        else {
+                            continue;
+                        };
+                        if let Some(time) = c["lastTransitionTime"].as_str() {
+                            let ok = c["status"] == "True";
+                            written
+                                .transition_times
+                                .insert(kind, (ok, time.to_string()));
+                        }
+                    }
+                    Some(status)
+                }
+                Err(e) => {
+                    log::debug!("read HAProxyTemplateConfig before its status: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
         if conditions != written.conditions || desired.generation != written.generation {
             let now = rfc3339(SystemTime::now());
             let list: Vec<Value> = conditions
@@ -412,10 +455,16 @@ impl StatusWriter {
                 .find(|c| !c.ok && c.kind != "Deployed")
                 .map(|c| c.message.clone());
             let patch = json!({"status": {"observedGeneration": desired.generation, "conditions": list, "lastError": last_error}});
-            match self
-                .client
-                .merge_patch_status(&config_resource(), ns, &self.config_name, &patch)
-            {
+            let unchanged = current.is_some_and(|c| merge_leaves(&c, &patch["status"]));
+            match match unchanged {
+                true => Ok(Value::Null),
+                false => self.client.merge_patch_status(
+                    &config_resource(),
+                    ns,
+                    &self.config_name,
+                    &patch,
+                ),
+            } {
                 Ok(_) => {
                     written.conditions = conditions.clone();
                     written.generation = desired.generation;
@@ -444,22 +493,62 @@ impl StatusWriter {
             written.restart_required = desired.restart_required.clone();
         }
         self.dropped_events(desired, written);
+        // Objects no render asks a status for any more (deleted, or no longer ours): forgotten,
+        // so that an object created again under the same name gets its status written.
+        written
+            .templates
+            .retain(|key, _| desired.templates.contains_key(key));
         let now = rfc3339(SystemTime::now());
+        let (mut patched, mut kept) = (0usize, 0usize);
         for (key, status) in &desired.templates {
             let previous = written.templates.get(key);
             if previous.is_some_and(|(desired, _)| desired == status) {
                 continue;
             }
+            let (api_version, kind, namespace, name) = key;
+            let res = ResourceRef::new(api_version, &plural_of(kind), !namespace.is_empty());
+            let ns = (!namespace.is_empty()).then_some(namespace.as_str());
+            // The first status this writer gives an object (after a restart or a leader change)
+            // starts from the object's own: its condition times are kept, and a status it
+            // already has is not written again (each write is watched, and rendered, by every
+            // replica: thousands of them after every restart).
+            let found = match previous {
+                Some(_) => None,
+                None => match self.client.get(&res, ns, name) {
+                    Ok(object) => Some(object.get("status").cloned().unwrap_or(Value::Null)),
+                    Err(e) if e.is_not_found() => {
+                        // Gone since the render: the next one leaves it out.
+                        log::debug!("status for {kind} {namespace}/{name}: object gone");
+                        written
+                            .templates
+                            .insert(key.clone(), (status.clone(), status.clone()));
+                        continue;
+                    }
+                    Err(e) => {
+                        log::debug!("read {kind} {namespace}/{name} before its status: {e}");
+                        None
+                    }
+                },
+            };
             let mut stamped = (**status).clone();
-            stamp_conditions(&mut stamped, previous.map(|(_, s)| &**s), &now);
+            stamp_conditions(
+                &mut stamped,
+                previous.map(|(_, s)| &**s).or(found.as_ref()),
+                &now,
+            );
             let stamped = if stamped == **status {
                 status.clone()
             } else {
                 Arc::new(stamped)
             };
-            let (api_version, kind, namespace, name) = key;
-            let res = ResourceRef::new(api_version, &plural_of(kind), !namespace.is_empty());
-            let ns = (!namespace.is_empty()).then_some(namespace.as_str());
+            if found.is_some_and(|current| merge_leaves(&current, &stamped)) {
+                written
+                    .templates
+                    .insert(key.clone(), (status.clone(), stamped));
+                kept += 1;
+                continue;
+            }
+            patched += 1;
             match self
                 .client
                 .merge_patch_status(&res, ns, name, &json!({"status": &*stamped}))
@@ -477,6 +566,10 @@ impl StatusWriter {
                 }
                 Err(e) => log::warn!("status for {kind} {namespace}/{name}: {e}"),
             }
+        }
+        if kept > 0 {
+            // After a restart or a leader change: how many statuses were already right.
+            log::info!("object statuses: {kept} already as desired, {patched} written");
         }
     }
 
@@ -776,8 +869,28 @@ impl StatusWriter {
 
 #[cfg(test)]
 mod tests {
-    use super::stamp_conditions;
-    use serde_json::json;
+    use super::{merge_leaves, stamp_conditions};
+    use serde_json::{json, Value};
+
+    /// A merge patch (RFC 7386) is a no-op when every field it sets holds that value already
+    /// (objects merged, lists and scalars compared whole) and every field it removes is absent.
+    #[test]
+    fn merge_leaves_tells_a_patch_that_changes_nothing() {
+        let target = json!({"a": {"b": 1, "c": [1, 2]}, "d": "x", "other": true});
+        assert!(merge_leaves(&target, &json!({})));
+        assert!(merge_leaves(&target, &json!({"a": {"b": 1}, "d": "x"})));
+        assert!(merge_leaves(
+            &target,
+            &json!({"a": {"c": [1, 2]}, "gone": null})
+        ));
+        assert!(!merge_leaves(&target, &json!({"a": {"c": [1]}})));
+        assert!(!merge_leaves(&target, &json!({"a": {"b": 2}})));
+        assert!(!merge_leaves(&target, &json!({"d": null})));
+        assert!(!merge_leaves(&target, &json!({"new": 1})));
+        assert!(!merge_leaves(&target, &json!({"d": {"x": 1}})));
+        assert!(!merge_leaves(&Value::Null, &json!({"a": 1})));
+        assert!(!merge_leaves(&Value::Null, &json!({})));
+    }
 
     #[test]
     fn condition_times_are_kept_while_unchanged() {

@@ -491,6 +491,11 @@ impl Cluster {
 
     /// The config: base + ingress libraries, merged by `haptic config merge`, plus overrides.
     pub fn config_object(&self, extra_yaml: &str) -> Value {
+        self.config_object_with(&["base", "ingress", "haproxytech"], extra_yaml)
+    }
+
+    /// [`Cluster::config_object`] from these libraries of `chart/libraries/`, in this order.
+    pub fn config_object_with(&self, libraries: &[&str], extra_yaml: &str) -> Value {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let overrides = self.dir.0.join("overrides.yaml");
         std::fs::write(
@@ -505,17 +510,14 @@ impl Cluster {
             ),
         )
         .unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_haptic"))
-            .args(["config", "merge", "-f"])
-            .arg(root.join("chart/libraries/base.yaml"))
-            .arg("-f")
-            .arg(root.join("chart/libraries/ingress.yaml"))
-            .arg("-f")
-            .arg(root.join("chart/libraries/haproxytech.yaml"))
-            .arg("-f")
-            .arg(&overrides)
-            .output()
-            .unwrap();
+        let mut merge = Command::new(env!("CARGO_BIN_EXE_haptic"));
+        merge.args(["config", "merge"]);
+        for library in libraries {
+            merge
+                .arg("-f")
+                .arg(root.join(format!("chart/libraries/{library}.yaml")));
+        }
+        let out = merge.arg("-f").arg(&overrides).output().unwrap();
         assert!(
             out.status.success(),
             "config merge: {}",
