@@ -210,6 +210,7 @@ impl ConfigWatcher {
             d.drift_prevention_interval = config.spec.drift_prevention_interval();
             d.agent_port = config.spec.dataplane_port();
             d.agent_timeout = config.spec.deployment_timeout();
+            d.max_parallel = config.spec.max_parallel();
         }
         *lock(&self.lease_timings) = (
             config.spec.lease_duration(),

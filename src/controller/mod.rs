@@ -290,6 +290,7 @@ pub fn run(opts: Options) -> Result<(), String> {
         haproxy_version: Some(haproxy_version),
         agent_port: 5555,
         agent_timeout: Duration::from_secs(30),
+        max_parallel: 0,
     }));
     // Replaced by the first valid config before the elector starts.
     let lease_timings: LiveTimings = Arc::new(Mutex::new((

@@ -95,6 +95,9 @@ pub(crate) struct DeployerConfig {
     /// one call to an agent may take.
     pub agent_port: u16,
     pub agent_timeout: Duration,
+    /// `dataplane.maxParallel`: at most this many agents are called at once (probes and
+    /// pushes); 0, all of them.
+    pub max_parallel: usize,
 }
 
 pub(crate) struct Deployer {
@@ -238,7 +241,7 @@ impl Deployer {
             config.drift_prevention_interval,
             config.haproxy_version.clone(),
         );
-        let (port, timeout) = (config.agent_port, config.agent_timeout);
+        let (port, timeout, limit) = (config.agent_port, config.agent_timeout, config.max_parallel);
         drop(config);
         if self.client.set_endpoint(port, timeout) {
             // The agents moved: learn what each one runs at its new address before pushing.
@@ -249,6 +252,7 @@ impl Deployer {
         let (probes, drift_round) = plan.probes(Instant::now(), drift_interval);
         let answers = parallel(
             probes,
+            limit,
             |target| self.admit(target, required.as_deref()),
             || {
                 Err(NotAdmitted::AgentUnavailable {
@@ -286,6 +290,7 @@ impl Deployer {
             .collect();
         let outcomes = parallel(
             pushes,
+            limit,
             |(target, applied)| self.push(target, applied.as_deref(), &published, epoch),
             || Outcome::Failed("push panicked".into()),
         );
@@ -364,22 +369,120 @@ impl Deployer {
     }
 }
 
-/// Runs `call` for every item on its own scoped thread and returns the answers by key; a call
-/// that panics answers `on_panic()`.
+/// Runs `call` for every item, on at most `limit` scoped threads at once (0: one per item), and
+/// returns the answers by key in the items' order; a call that panics answers `on_panic()`.
 fn parallel<I: Sync, R: Send>(
     items: Vec<(String, I)>,
+    limit: usize,
     call: impl Fn(&I) -> R + Sync,
     on_panic: impl Fn() -> R,
 ) -> Vec<(String, R)> {
-    let call = &call;
+    let workers = match limit {
+        0 => items.len(),
+        n => n.min(items.len()),
+    };
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let answers: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
+    let (call, items_ref, answers_ref, next) = (&call, &items, &answers, &next);
     std::thread::scope(|scope| {
-        let handles: Vec<_> = items
-            .iter()
-            .map(|(key, item)| (key.clone(), scope.spawn(move || call(item))))
-            .collect();
-        handles
-            .into_iter()
-            .map(|(key, h)| (key, h.join().unwrap_or_else(|_| on_panic())))
-            .collect()
-    })
+        for _ in 0..workers {
+            scope.spawn(move || loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some((_, item)) = items_ref.get(i) else {
+                    return;
+                };
+                // A panic is the one call's: the worker goes on with the next item.
+                let answer =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(item))).ok();
+                *crate::lock(&answers_ref[i]) = answer;
+            });
+        }
+    });
+    items
+        .into_iter()
+        .zip(answers)
+        .map(|((key, _), answer)| {
+            let answer = answer.into_inner().unwrap_or_else(|e| e.into_inner());
+            (key, answer.unwrap_or_else(&on_panic))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parallel;
+    use std::sync::{Condvar, Mutex};
+    use std::time::Duration;
+
+    /// Calls under way, the most seen at once, and a way to wait until `n` are under way.
+    #[derive(Default)]
+    struct Gauge {
+        state: Mutex<(usize, usize)>,
+        changed: Condvar,
+    }
+
+    impl Gauge {
+        /// Enters, waits (up to 5 s) until `n` calls are under way, and leaves.
+        fn call(&self, n: usize) {
+            let mut s = crate::lock(&self.state);
+            s.0 += 1;
+            s.1 = s.1.max(s.0);
+            self.changed.notify_all();
+            let (mut s, _) = self
+                .changed
+                .wait_timeout_while(s, Duration::from_secs(5), |s| s.0 < n)
+                .unwrap();
+            // The others of this group may still be counting themselves in.
+            drop(s);
+            std::thread::sleep(Duration::from_millis(20));
+            s = crate::lock(&self.state);
+            s.0 -= 1;
+        }
+    }
+
+    /// `dataplane.maxParallel`: never more calls at once than the limit, the limit reached when
+    /// there are enough pods, and every pod's answer returned in order; 0 calls all at once.
+    #[test]
+    fn at_most_max_parallel_agents_are_called_at_once() {
+        let items: Vec<(String, usize)> = (0..7).map(|i| (format!("pod-{i}"), i)).collect();
+        for (limit, expect) in [(2, 2), (3, 3), (0, 7), (10, 7)] {
+            let gauge = Gauge::default();
+            let answers = parallel(
+                items.clone(),
+                limit,
+                |i| {
+                    gauge.call(expect);
+                    i * 10
+                },
+                || usize::MAX,
+            );
+            let keys: Vec<_> = answers.iter().map(|(k, _)| k.as_str()).collect();
+            assert_eq!(
+                keys,
+                items.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>()
+            );
+            assert_eq!(
+                answers.iter().map(|(_, a)| *a).collect::<Vec<_>>(),
+                (0..7).map(|i| i * 10).collect::<Vec<_>>()
+            );
+            assert_eq!(crate::lock(&gauge.state).1, expect, "limit {limit}");
+        }
+    }
+
+    /// A call that panics answers for its own pod; the others are still called.
+    #[test]
+    fn a_panicking_call_answers_for_its_pod_only() {
+        let items: Vec<(String, usize)> = (0..4).map(|i| (format!("pod-{i}"), i)).collect();
+        let answers = parallel(
+            items,
+            1,
+            |&i| {
+                assert_ne!(i, 1, "pod-1's call fails");
+                i
+            },
+            || 99,
+        );
+        let answers: Vec<usize> = answers.into_iter().map(|(_, a)| a).collect();
+        assert_eq!(answers, [0, 99, 2, 3]);
+    }
 }
