@@ -415,6 +415,8 @@ class Manifests(unittest.TestCase):
         # directory: it must be a writable mount of the pod's own, as the root is read-only.
         writable = {m["mountPath"] for m in haproxy["volumeMounts"] if not m.get("readOnly")}
         self.assertIn(haproxy["workingDir"], writable)
+        # bind_address '"${POD_IP}"' (base library) binds the pod's own address.
+        self.assertIn({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}, haproxy["env"])
         self.assertEqual(haproxy["livenessProbe"]["httpGet"], {"path": "/healthz", "port": "status"})
         self.assertEqual(haproxy["readinessProbe"]["httpGet"], {"path": "/ready", "port": "status"})
         agent = container(deploy, "haptic-agent")
