@@ -151,11 +151,19 @@ fn get(ctx: &Ctx, t: &Target) -> Result<Value, ApiError> {
         .ok_or_else(|| ApiError::not_found(&t.rtype.group, &t.rtype.plural, t.name()))
 }
 
-/// Label and field selectors of a request.
-pub fn selectors(req: &Request) -> Result<(LabelSelector, FieldSelector), ApiError> {
+/// Label and field selectors of a request on objects of type `t` (the fields it can be
+/// selected by are the type's: `field label not supported` otherwise, as in Kubernetes).
+pub fn selectors(
+    req: &Request,
+    t: &ResourceType,
+) -> Result<(LabelSelector, FieldSelector), ApiError> {
     let labels = LabelSelector::parse(req.param("labelSelector").unwrap_or(""))
         .map_err(ApiError::bad_request)?;
-    let fields = FieldSelector::parse(req.param("fieldSelector").unwrap_or(""))
+    let own = match t.builtin {
+        true => crate::selectors::selectable_fields(&t.group, &t.plural),
+        false => &[],
+    };
+    let fields = FieldSelector::parse_for(req.param("fieldSelector").unwrap_or(""), own)
         .map_err(ApiError::bad_request)?;
     Ok((labels, fields))
 }
@@ -184,7 +192,7 @@ fn parse_rv(text: &str) -> Result<u64, ApiError> {
 }
 
 fn list(ctx: &Ctx, t: &Target, req: &Request) -> Result<Reply, ApiError> {
-    let (labels, fields) = selectors(req)?;
+    let (labels, fields) = selectors(req, &t.rtype)?;
     let limit: usize = match req.param("limit") {
         Some(l) => l
             .parse()
@@ -266,7 +274,7 @@ fn list(ctx: &Ctx, t: &Target, req: &Request) -> Result<Reply, ApiError> {
 }
 
 fn watch_request(ctx: &Ctx, t: &Target, req: &Request) -> Result<Reply, ApiError> {
-    let (labels, mut fields) = selectors(req)?;
+    let (labels, mut fields) = selectors(req, &t.rtype)?;
     if let Some(name) = &t.name {
         fields = FieldSelector::parse(&format!("metadata.name={name}"))
             .map_err(ApiError::bad_request)?;

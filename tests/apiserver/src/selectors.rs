@@ -172,8 +172,49 @@ impl LabelSelector {
     }
 }
 
+/// The fields objects of a type can be selected by besides `metadata.name` and
+/// `metadata.namespace`, as the real API server's registries declare them (custom resources
+/// have none here).
+pub fn selectable_fields(group: &str, plural: &str) -> &'static [&'static str] {
+    match (group, plural) {
+        ("", "secrets") => &["type"],
+        ("", "pods") => &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+        ("", "namespaces") => &["status.phase"],
+        ("", "nodes") => &["spec.unschedulable"],
+        ("", "events") => &[
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "type",
+        ],
+        ("", "replicationcontrollers") | ("apps", "replicasets") => &["status.replicas"],
+        ("batch", "jobs") => &["status.successful"],
+        _ => &[],
+    }
+}
+
 impl FieldSelector {
+    /// A selector on `metadata.name` and `metadata.namespace` only (any type).
     pub fn parse(text: &str) -> Result<FieldSelector, String> {
+        Self::parse_for(text, &[])
+    }
+
+    /// A selector on the metadata fields and on `fields`, the type's own.
+    pub fn parse_for(text: &str, fields: &[&str]) -> Result<FieldSelector, String> {
         let mut terms = Vec::new();
         for part in split_top_level(text) {
             let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
@@ -188,7 +229,8 @@ impl FieldSelector {
                 ));
             };
             let field = field.trim();
-            if field != "metadata.name" && field != "metadata.namespace" {
+            if field != "metadata.name" && field != "metadata.namespace" && !fields.contains(&field)
+            {
                 return Err(format!("field label not supported: {field}"));
             }
             terms.push((field.to_string(), equal, value.trim().to_string()));
@@ -198,11 +240,18 @@ impl FieldSelector {
 
     pub fn matches(&self, obj: &Value) -> bool {
         self.terms.iter().all(|(field, equal, value)| {
-            let actual = match field.as_str() {
-                "metadata.name" => obj["metadata"]["name"].as_str().unwrap_or(""),
-                _ => obj["metadata"]["namespace"].as_str().unwrap_or(""),
+            let found = field.split('.').try_fold(obj, |v, k| v.get(k));
+            let actual = match found {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Bool(b)) => b.to_string(),
+                Some(Value::Number(n)) => n.to_string(),
+                // An unset boolean field is selected as its default.
+                None if field == "spec.hostNetwork" || field == "spec.unschedulable" => {
+                    "false".into()
+                }
+                _ => String::new(),
             };
-            (actual == value) == *equal
+            (actual == *value) == *equal
         })
     }
 }
@@ -270,5 +319,24 @@ mod tests {
         assert!(FieldSelector::parse("spec.x=1")
             .unwrap_err()
             .contains("not supported"));
+        // A type's own fields, as the real registries declare them.
+        let secrets = selectable_fields("", "secrets");
+        let tls = json!({"metadata": {"name": "a"}, "type": "kubernetes.io/tls"});
+        let helm = json!({"metadata": {"name": "b"}, "type": "helm.sh/release.v1"});
+        let sel = FieldSelector::parse_for("type!=helm.sh/release.v1", secrets).unwrap();
+        assert!(sel.matches(&tls) && !sel.matches(&helm));
+        assert!(
+            FieldSelector::parse("type=x").is_err(),
+            "not a field of every type"
+        );
+        assert!(FieldSelector::parse_for("data.x=1", secrets).is_err());
+        let pods = selectable_fields("", "pods");
+        let pod = json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
+        let sel = FieldSelector::parse_for(
+            "spec.nodeName=n1,status.phase!=Failed,spec.hostNetwork=false",
+            pods,
+        )
+        .unwrap();
+        assert!(sel.matches(&pod));
     }
 }

@@ -422,7 +422,7 @@ pub fn delete_collection(
     req: &Request,
     user: &User,
 ) -> Result<Reply, ApiError> {
-    let (labels, fields) = selectors(req)?;
+    let (labels, fields) = selectors(req, &t.rtype)?;
     let gr = t.rtype.group_resource();
     let (_, objects) = ctx.store.list(&gr, t.namespace.as_deref(), None)?;
     let mut deleted = Vec::new();

@@ -180,6 +180,40 @@ fn kubectl_create_conflicts_and_patch() {
     assert!(err.contains("namespaces \"nowhere\" not found"), "{err}");
 }
 
+/// Field selectors take the fields the real API server lets each type be selected by.
+#[test]
+fn kubectl_field_selectors_by_type() {
+    let server = Server::start(&[]);
+    server.kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        "cert",
+        "--type=kubernetes.io/tls",
+        "--from-literal=tls.crt=x",
+        "--from-literal=tls.key=y",
+    ]);
+    server.kubectl_ok(&["create", "secret", "generic", "plain", "--from-literal=a=1"]);
+    let names = |selector: &str| {
+        server.kubectl_ok(&[
+            "get",
+            "secrets",
+            "--field-selector",
+            selector,
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ])
+    };
+    assert_eq!(names("type=kubernetes.io/tls"), "cert");
+    assert_eq!(names("type!=kubernetes.io/tls,metadata.name!=x"), "plain");
+    let refused = server.kubectl(&["get", "configmaps", "--field-selector", "type=x"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("field label not supported: type"),
+        "{err}"
+    );
+}
+
 #[test]
 fn kubectl_watch_sees_adds_updates_and_deletes() {
     let server = Server::start(&[]);
