@@ -571,3 +571,135 @@ fn unserved_resources_do_not_block_and_are_watched_once_served() {
         watchers.store("widgets").is_some_and(|s| s.len() == 1)
     });
 }
+
+fn secret(name: &str, kind: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": "default"}, "type": kind, "data": {"x": "eA=="}})
+}
+
+/// Names of the objects in a store.
+fn names(store: &SharedStore) -> BTreeSet<String> {
+    names_in(&snapshot(store))
+}
+
+fn names_in(store: &Store) -> BTreeSet<String> {
+    store
+        .list()
+        .map(|o| {
+            o.to_value()["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+/// A field selector goes to the API server, so that what it leaves out is never transferred or
+/// held (Helm's release Secrets, by the thousand in a platform cluster, next to the few TLS
+/// Secrets the templates read); one on a field the API server cannot select by is applied by
+/// the controller to every object instead, and the watch still syncs.
+#[test]
+fn field_selectors_are_applied_by_the_api_server_or_else_locally() {
+    use haptic::controller::watchers::{WatchDef, Watchers};
+    let server = DevApiServer::start(&[]);
+    let c = client(&server);
+    let secrets = ResourceRef::new("v1", "secrets", true);
+    for (name, kind) in [
+        ("tls", "kubernetes.io/tls"),
+        ("release", "helm.sh/release.v1"),
+    ] {
+        c.create(&secrets, Some("default"), &secret(name, kind))
+            .unwrap();
+    }
+    c.create(&configmaps(), Some("default"), &cm("app", "1"))
+        .unwrap();
+    let mut other = cm("other", "2");
+    other["metadata"]["labels"]["app"] = json!("u");
+    c.create(&configmaps(), Some("default"), &other).unwrap();
+
+    // The reflector alone, with no local selection: only the API server leaves the release out.
+    let store: SharedStore = Arc::new(RwLock::new(Arc::new(Store::new(vec![
+        PathExpr::parse("metadata.namespace").unwrap(),
+        PathExpr::parse("metadata.name").unwrap(),
+    ]))));
+    let (tx, _rx) = crossbeam_channel::unbounded();
+    let (stop, synced) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let reflector = Reflector {
+        name: "secrets".into(),
+        client: c.clone(),
+        resource: secrets.clone(),
+        namespace: None,
+        params: ListParams {
+            field_selector: Some("type!=helm.sh/release.v1".into()),
+            ..Default::default()
+        },
+        filter: ObjectFilter::new(&[], None),
+        store: store.clone(),
+        synced: synced.clone(),
+        stop: stop.clone(),
+        events: tx,
+        watch_timeout: Duration::from_secs(60),
+    };
+    std::thread::spawn(move || reflector.run());
+    wait_for("secrets synced", WAIT, || synced.load(Ordering::SeqCst));
+    c.create(
+        &secrets,
+        Some("default"),
+        &secret("later", "helm.sh/release.v1"),
+    )
+    .unwrap();
+    c.create(
+        &secrets,
+        Some("default"),
+        &secret("tls-2", "kubernetes.io/tls"),
+    )
+    .unwrap();
+    wait_for("the new TLS Secret watched", WAIT, || {
+        names(&store).contains("tls-2")
+    });
+    assert_eq!(
+        names(&store),
+        BTreeSet::from(["tls".into(), "tls-2".into()])
+    );
+    stop.store(true, Ordering::SeqCst);
+
+    // Through the controller's watchers: the same selection, and a label path the API server
+    // cannot select ConfigMaps by, applied locally.
+    let (tx, _rx) = crossbeam_channel::unbounded();
+    let mut watchers = Watchers::new(c.clone(), tx);
+    let def = |api_version: &str, resources: &str, selector: &str| WatchDef {
+        api_version: api_version.into(),
+        resources: resources.into(),
+        namespace: None,
+        label_selector: None,
+        field_selector: Some(selector.into()),
+        index_by: vec!["metadata.namespace".into(), "metadata.name".into()],
+        ignore_fields: vec![],
+    };
+    let defs = std::collections::BTreeMap::from([
+        (
+            "secrets".to_string(),
+            def("v1", "secrets", "type!=helm.sh/release.v1"),
+        ),
+        (
+            "configmaps".to_string(),
+            def("v1", "configmaps", "metadata.labels.app=t"),
+        ),
+    ]);
+    watchers.apply(&defs);
+    wait_for("both watchers synced", WAIT, || {
+        watchers.barrier().is_synced()
+    });
+    let stored = |name: &str| names_in(&watchers.store(name).unwrap_or_else(|| panic!("{name}")));
+    wait_for("every selected object stored", WAIT, || {
+        stored("secrets").len() == 2
+    });
+    assert_eq!(
+        stored("secrets"),
+        BTreeSet::from(["tls".into(), "tls-2".into()])
+    );
+    assert_eq!(stored("configmaps"), BTreeSet::from(["app".into()]));
+    watchers.stop_all();
+}

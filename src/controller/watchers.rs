@@ -184,7 +184,10 @@ impl Watchers {
             namespace: def.namespace.clone(),
             params: ListParams {
                 label_selector: def.label_selector.clone(),
-                field_selector: None,
+                // Sent to the API server, so that objects it leaves out are never transferred
+                // or held (a Secret watch without Helm's release Secrets); a field the type
+                // cannot be selected by there is selected here (`filter`) alone.
+                field_selector: def.field_selector.clone(),
                 limit: Some(500),
             },
             filter,

@@ -123,6 +123,12 @@ impl KubeError {
         self.code() == Some(409)
     }
 
+    /// 400 for a field selector on a field the type cannot be selected by (the API server
+    /// selects by a few fields per built-in type, and custom resources by their names only).
+    pub fn is_unsupported_field_selector(&self) -> bool {
+        matches!(self, KubeError::Api { code: 400, message, .. } if message.contains("field label not supported"))
+    }
+
     pub fn is_gone(&self) -> bool {
         self.code() == Some(410)
     }

@@ -276,7 +276,7 @@ impl Reflector {
     }
 
     /// Runs until `stop` is set.
-    pub fn run(self) {
+    pub fn run(mut self) {
         let shape = Arc::new(Shape::new(self.filter.clone()));
         let mut backoff = Backoff::default();
         let mut resource_version: Option<String> = None;
@@ -302,6 +302,17 @@ impl Reflector {
                         }
                         self.notify();
                         rv
+                    }
+                    Err(e)
+                        if e.is_unsupported_field_selector()
+                            && self.params.field_selector.take().is_some() =>
+                    {
+                        // Selected here instead (`filter`): every object is listed and watched.
+                        log::info!(
+                            "resource={} the API server cannot apply the field selector ({e}); the controller applies it to every object it receives",
+                            self.name
+                        );
+                        continue;
                     }
                     Err(e) => {
                         let delay = backoff.delay();
