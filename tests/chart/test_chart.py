@@ -578,6 +578,9 @@ class Manifests(unittest.TestCase):
         self.assertIn("haproxy.hostNetwork with agent.insecureHttpWithBasicAuth would serve the agent's plain-HTTP API",
                       self.render_refused({"haproxy": {"hostNetwork": True, "privilegedPorts": "capability", "stats": False},
                                            "agent": {"insecureHttpWithBasicAuth": True}}))
+        # The controller runs without privileges: a port below 1024 would stop it at start.
+        self.assertIn("minimum",
+                      self.render_refused({"controller": {"ports": {"webhook": 443}}}))
         self.assertIn("haproxy.autoscaling is for haproxy.kind: Deployment",
                       self.render_refused({"haproxy": {"kind": "DaemonSet", "autoscaling": {"enabled": True}}}))
         self.assertIn("haproxy.autoscaling.minReplicas (5) is above maxReplicas (4)",
