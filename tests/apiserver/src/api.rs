@@ -104,6 +104,31 @@ pub fn handle(ctx: &Ctx, req: &Request, user: &User) -> Result<Reply, ApiError> 
     let target = parse_target(&registry, &req.path)?;
     let watch = target.watch_path || matches!(req.param("watch"), Some("true" | "1"));
     let method = req.method.as_str();
+    if ctx.config.rbac {
+        let verb = match (method, target.name.is_some()) {
+            ("GET", _) if watch => "watch",
+            ("GET", true) => "get",
+            ("GET", false) => "list",
+            ("POST", _) => "create",
+            ("PUT", _) => "update",
+            ("PATCH", _) => "patch",
+            ("DELETE", true) => "delete",
+            ("DELETE", false) => "deletecollection",
+            (other, _) => other,
+        };
+        crate::rbac::authorize(
+            &ctx.store,
+            user,
+            &crate::rbac::Attributes {
+                verb,
+                group: &target.rtype.group,
+                resource: &target.rtype.plural,
+                subresource: target.subresource.as_deref(),
+                namespace: target.namespace.as_deref(),
+                name: target.name.as_deref(),
+            },
+        )?;
+    }
     match (target.name.is_some(), target.subresource.as_deref()) {
         (false, None) => match method {
             "GET" if watch => watch_request(ctx, &target, req),

@@ -1,8 +1,10 @@
 //! Authentication: bearer tokens (from `--token`, a `--token-file` that is re-read whenever it
 //! changes, or set at run time through `POST /_dev/tokens`) and client certificates signed by the
-//! server's CA. There is no authorization: every authenticated user may do everything.
+//! server's CA. These users are in `system:masters`: they may do everything. Tokens of other
+//! users (a service account: `system:serviceaccount:NS:NAME`) are added at run time too, and
+//! are authorized by RBAC with `--authorization-mode RBAC` (`rbac`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::PathBuf;
 use std::sync::Mutex;
@@ -32,6 +34,8 @@ struct FileTokens {
 /// The accepted credentials.
 pub struct Auth {
     tokens: Mutex<BTreeSet<String>>,
+    /// Tokens of other users than the administrator.
+    users: Mutex<BTreeMap<String, User>>,
     token_file: Option<PathBuf>,
     file: Mutex<FileTokens>,
 }
@@ -40,6 +44,7 @@ impl Auth {
     pub fn new(tokens: Vec<String>, token_file: Option<PathBuf>) -> Auth {
         Auth {
             tokens: Mutex::new(tokens.into_iter().collect()),
+            users: Mutex::new(BTreeMap::new()),
             token_file,
             file: Mutex::new(FileTokens::default()),
         }
@@ -53,6 +58,9 @@ impl Auth {
                 .or_else(|| h.strip_prefix("bearer "))
                 .map(str::trim)
         }) {
+            if let Some(user) = lock(&self.users).get(token) {
+                return Some(user.clone());
+            }
             if self.token_valid(token) {
                 return Some(User {
                     name: "haptic-dev-token-user".into(),
@@ -108,7 +116,9 @@ impl Auth {
     }
 
     /// `POST /_dev/tokens`: `{"tokens": [...]}` replaces the accepted static tokens,
-    /// `{"add": [...]}` and `{"remove": [...]}` edit them. Returns how many are accepted now.
+    /// `{"add": [...]}` and `{"remove": [...]}` edit them; `{"users": {TOKEN: {"username": …,
+    /// "groups": [...]}}}` adds tokens of other users (`system:authenticated` is added to their
+    /// groups). Returns how many static tokens are accepted now.
     pub fn control(&self, body: &Value) -> Result<Value, String> {
         let strings = |v: &Value| -> Result<Vec<String>, String> {
             v.as_array()
@@ -121,6 +131,24 @@ impl Auth {
                 })
                 .collect()
         };
+        if let Some(users) = body.get("users").and_then(Value::as_object) {
+            let mut known = lock(&self.users);
+            for (token, u) in users {
+                let name = u["username"]
+                    .as_str()
+                    .ok_or("users: username must be a string")?;
+                let mut groups = match u.get("groups") {
+                    Some(g) => strings(g)?,
+                    None => Vec::new(),
+                };
+                groups.push("system:authenticated".into());
+                let user = User {
+                    name: name.to_string(),
+                    groups,
+                };
+                known.insert(token.clone(), user);
+            }
+        }
         let mut tokens = lock(&self.tokens);
         if let Some(set) = body.get("tokens") {
             *tokens = strings(set)?.into_iter().collect();

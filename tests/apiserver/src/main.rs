@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! haptic-dev-apiserver --listen 127.0.0.1:0 --kubeconfig-out /tmp/dev/kubeconfig [--load DIR]
-//!     [--plain-http] [--token TOKEN]... [--token-file PATH] [--cert-dir DIR]
+//!     [--plain-http] [--token TOKEN]... [--token-file PATH] [--cert-dir DIR] [--authorization-mode RBAC]
 //!     [--bookmark-interval 60s] [--watch-timeout 30m] [--history 10000]
 //!     [--namespace-deletion-delay 1s] [--log-level info] [--admission-control-config-file PATH]
 //! ```
@@ -22,6 +22,7 @@ mod logger;
 mod objects;
 mod patch;
 mod protobuf;
+mod rbac;
 mod registry;
 mod seed;
 mod selectors;
@@ -48,7 +49,7 @@ use crate::server::{Config, Ctx};
 use crate::storage::{Expect, Store};
 
 const USAGE: &str = "usage: haptic-dev-apiserver --listen HOST:PORT [--kubeconfig-out PATH] \
-[--load DIR]... [--plain-http] [--token TOKEN]... [--token-file PATH] [--cert-dir DIR] \
+[--load DIR]... [--plain-http] [--token TOKEN]... [--token-file PATH] [--cert-dir DIR] [--authorization-mode RBAC] \
 [--bookmark-interval DURATION] [--watch-timeout DURATION] [--history EVENTS] \
 [--namespace-deletion-delay DURATION] [--log-level LEVEL] [--admission-control-config-file PATH]";
 
@@ -67,6 +68,9 @@ struct Args {
     namespace_deletion_delay: Duration,
     log_level: log::LevelFilter,
     admission_config: Option<PathBuf>,
+    /// `--authorization-mode RBAC`: stored RBAC objects decide; otherwise every authenticated
+    /// user may do everything.
+    rbac: bool,
 }
 
 /// `500ms`, `2s`, `5m`, or plain seconds.
@@ -102,6 +106,7 @@ fn parse_args() -> Result<Args, String> {
         namespace_deletion_delay: Duration::from_secs(1),
         log_level: log::LevelFilter::Info,
         admission_config: None,
+        rbac: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -123,6 +128,17 @@ fn parse_args() -> Result<Args, String> {
             "--token" => args.tokens.push(value("--token")?),
             "--token-file" => args.token_file = Some(value("--token-file")?.into()),
             "--cert-dir" => args.cert_dir = Some(value("--cert-dir")?.into()),
+            "--authorization-mode" => {
+                args.rbac = match value("--authorization-mode")?.as_str() {
+                    "RBAC" => true,
+                    "AlwaysAllow" => false,
+                    other => {
+                        return Err(format!(
+                            "--authorization-mode: RBAC or AlwaysAllow, not {other:?}"
+                        ))
+                    }
+                }
+            }
             "--admission-control-config-file" => {
                 args.admission_config = Some(value("--admission-control-config-file")?.into())
             }
@@ -218,6 +234,7 @@ fn run(args: Args) -> Result<(), String> {
             watch_timeout: args.watch_timeout,
             address: local.to_string(),
             namespace_deletion_delay: args.namespace_deletion_delay,
+            rbac: args.rbac,
         },
         namespace_reaper: reaper_tx,
     });

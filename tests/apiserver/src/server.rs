@@ -28,6 +28,8 @@ pub struct Config {
     pub address: String,
     /// How long a deleted namespace stays Terminating before it and its content go away.
     pub namespace_deletion_delay: Duration,
+    /// Requests are authorized by the stored RBAC objects (`rbac`).
+    pub rbac: bool,
 }
 
 /// Everything a request handler may use.

@@ -39,6 +39,11 @@ impl ApiError {
             .with_details(details(group, plural, name))
     }
 
+    /// `403 Forbidden` from the authorizer, with its message.
+    pub fn forbidden(group: &str, plural: &str, name: &str, message: String) -> ApiError {
+        ApiError::new(403, "Forbidden", message).with_details(details(group, plural, name))
+    }
+
     /// `409 AlreadyExists` for a create of an existing name.
     pub fn already_exists(group: &str, plural: &str, name: &str) -> ApiError {
         let qualified = qualified(group, plural);

@@ -502,3 +502,85 @@ fn base64(data: &[u8]) -> String {
     }
     out
 }
+
+/// With `--authorization-mode RBAC`, a service account may do what its Roles and ClusterRoles
+/// bound to it allow, and gets Kubernetes' Forbidden message otherwise; the administrator may
+/// do everything.
+#[test]
+fn kubectl_rbac_authorizes_a_service_account() {
+    let server = Server::start(&["--authorization-mode", "RBAC"]);
+    let (code, _) = server.call(
+        "POST",
+        "/_dev/tokens",
+        Some(&serde_json::json!({"users": {"sa-token": {"username": "system:serviceaccount:default:ctrl", "groups": ["system:serviceaccounts", "system:serviceaccounts:default"]}}})),
+    );
+    assert_eq!(code, 200);
+    let rbac = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: reader, namespace: default}
+rules:
+  - {apiGroups: [""], resources: ["configmaps"], verbs: ["get", "list"]}
+  - {apiGroups: ["networking.k8s.io"], resources: ["ingresses/status"], verbs: ["patch"]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: reader, namespace: default}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: reader}
+subjects: [{kind: ServiceAccount, name: ctrl, namespace: default}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: ns-reader}
+rules: [{apiGroups: [""], resources: ["namespaces"], verbs: ["list"]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: ns-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: ns-reader}
+subjects: [{kind: Group, name: "system:serviceaccounts:default"}]
+"#;
+    server.kubectl_ok(&[
+        "apply",
+        "--validate=false",
+        "-f",
+        &write_manifest(&server, "rbac.yaml", rbac),
+    ]);
+    server.kubectl_ok(&["create", "configmap", "one", "--from-literal=a=1"]);
+    let text = std::fs::read_to_string(&server.kubeconfig).unwrap();
+    let as_sa = server.dir.join("kubeconfig-sa");
+    std::fs::write(&as_sa, text.replace(&server.token, "sa-token")).unwrap();
+    let run = |args: &[&str]| {
+        let out = server.kubectl_with(&as_sa, args);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    assert!(run(&["get", "configmap", "one"]).0);
+    assert!(run(&["get", "configmaps"]).0);
+    assert!(
+        run(&["get", "namespaces"]).0,
+        "through the group's ClusterRoleBinding"
+    );
+    let (ok, out) = run(&["create", "configmap", "two"]);
+    assert!(!ok && out.contains(r#"configmaps is forbidden: User "system:serviceaccount:default:ctrl" cannot create resource "configmaps" in API group "" in the namespace "default""#), "{out}");
+    let (ok, out) = run(&["get", "configmaps", "-n", "kube-system"]);
+    assert!(
+        !ok && out.contains(
+            r#"cannot list resource "configmaps" in API group "" in the namespace "kube-system""#
+        ),
+        "{out}"
+    );
+    let (ok, out) = run(&["get", "secrets"]);
+    assert!(!ok && out.contains("forbidden"), "{out}");
+    let (ok, out) = run(&["get", "configmaps", "-A"]);
+    assert!(
+        !ok && out
+            .contains(r#"cannot list resource "configmaps" in API group "" at the cluster scope"#),
+        "{out}"
+    );
+    // The administrator is not bound by RBAC.
+    server.kubectl_ok(&["create", "configmap", "three"]);
+}
