@@ -17,10 +17,14 @@ import os
 import re
 import select
 import shutil
+import socket
+import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
+import urllib.request
 from pathlib import Path
 
 import helm_python
@@ -1559,6 +1563,194 @@ class DevApiserver(unittest.TestCase):
                 stored = json.loads(r.stdout)
                 if kind in ("Deployment", "ConfigMap", "HAProxyTemplateConfig"):
                     self.assertEqual(stored.get("spec", stored.get("data")), doc.get("spec", doc.get("data")), f"{kind} {name}")
+
+
+GATEWAY_KINDS = {
+    "gatewayclasses": ("GatewayClass", "Cluster"),
+    "gateways": ("Gateway", "Namespaced"),
+    "httproutes": ("HTTPRoute", "Namespaced"),
+    "grpcroutes": ("GRPCRoute", "Namespaced"),
+    "tlsroutes": ("TLSRoute", "Namespaced"),
+    "tcproutes": ("TCPRoute", "Namespaced"),
+    "referencegrants": ("ReferenceGrant", "Namespaced"),
+    "backendtlspolicies": ("BackendTLSPolicy", "Namespaced"),
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ControllerUnderTheChartsRbac(unittest.TestCase):
+    """The controller as the chart runs it (its arguments, environment, mounted Secrets and
+    service account) against an API server that enforces the chart's RBAC: it leads, watches
+    every resource, renders, and writes the statuses, with no request refused. The chart's RBAC
+    grants only the verbs the code calls, so a call added without its grant fails here. Not
+    exercised: the HAProxyCfg's writes (the controller publishes only a bundle a pod runs, and
+    there are no HAProxy pods here); the end-to-end tests cover them without RBAC."""
+
+    def test_the_controller_runs_with_exactly_the_charts_permissions(self):
+        apiserver = os.environ.get("HAPTIC_DEV_APISERVER")
+        haptic = os.environ.get("HAPTIC_BIN")
+        kubectl = os.environ.get("HAPTIC_KUBECTL") or shutil.which("kubectl")
+        haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+        if not (apiserver and haptic and kubectl and os.path.exists(haproxy)):
+            self.skipTest("needs HAPTIC_DEV_APISERVER, HAPTIC_BIN, kubectl and haproxy (run scripts/test-chart.sh)")
+        d = Path(tempfile.mkdtemp(prefix="haptic-chart-rbac-"))
+        procs = []
+        try:
+            self.run_controller(d, procs, apiserver, haptic, kubectl, haproxy)
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+                if p.stdout:
+                    p.stdout.close()
+            shutil.rmtree(d, ignore_errors=True)
+
+    def run_controller(self, d, procs, apiserver, haptic, kubectl, haproxy):
+        admin = d / "kubeconfig"
+        server = subprocess.Popen(
+            [apiserver, "--listen", "127.0.0.1:0", "--kubeconfig-out", str(admin), "--log-level", "warn",
+             "--authorization-mode", "RBAC"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        procs.append(server)
+        ready, _, _ = select.select([server.stdout], [], [], 30)
+        line = server.stdout.readline() if ready else ""
+        self.assertTrue(line.startswith("ready "), line)
+        url = line.split()[1]
+
+        def k(*args, stdin=None, config=admin):
+            r = subprocess.run([kubectl, "--kubeconfig", str(config), *args], input=stdin,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, f"kubectl {args}: {r.stderr}")
+            return r.stdout
+
+        def apply(docs):
+            k("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+        _, _, docs = render("defaults", {"libraries": {"gateway": {"enabled": True}}})
+        spec = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
+        k("create", "namespace", NAMESPACE)
+        crds = [yaml.safe_load(p.read_text()) for p in sorted((CHART / "crds").glob("*.yaml"))]
+        versions = {}
+        for w in spec["watchedResources"].values():
+            group, _, version = w["apiVersion"].rpartition("/")
+            if group == "gateway.networking.k8s.io":
+                versions.setdefault(w["resources"], []).append(version)
+        for plural, served in versions.items():
+            kind, scope = GATEWAY_KINDS[plural]
+            crd = minimal_crd("gateway.networking.k8s.io", plural, kind, scope=scope, version=served[0])
+            schema = crd["spec"]["versions"][0]["schema"]
+            crd["spec"]["versions"] = [
+                {"name": v, "served": True, "storage": i == 0, "schema": schema, "subresources": {"status": {}}}
+                for i, v in enumerate(served)
+            ]
+            crds.append(crd)
+        apply(crds)
+        # Not the webhook's registration: this API server calls webhooks by URL only, and the
+        # webhook is not what this test is about.
+        apply([doc for doc in docs if doc["kind"] != "ValidatingWebhookConfiguration"])
+
+        # Objects whose statuses the templates write, and the address they report.
+        k("patch", "service", f"{FULLNAME}-haproxy", "-n", NAMESPACE, "--subresource=status", "--type=merge",
+          "-p", json.dumps({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.7"}]}}}))
+        apply([
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"},
+             "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
+            {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web", "namespace": "default"},
+             "spec": {"ingressClassName": "haproxy", "rules": [{"host": "web.test", "http": {"paths": [
+                 {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}},
+            {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GatewayClass", "metadata": {"name": "haproxy"},
+             "spec": {"controllerName": "haproxy-haptic.org/controller"}},
+            {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "gw", "namespace": "default"},
+             "spec": {"gatewayClassName": "haproxy", "listeners": [{"name": "http", "protocol": "HTTP", "port": 80}]}},
+            {"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "route", "namespace": "default"},
+             "spec": {"parentRefs": [{"name": "gw"}], "hostnames": ["gw.test"], "rules": [{"backendRefs": [{"name": "web", "port": 80}]}]}},
+        ])
+
+        # The chart's service account, with a token of its own.
+        sa = f"{FULLNAME}-controller"
+        self.assertEqual(one(docs, "Deployment", f"{FULLNAME}-controller")["spec"]["template"]["spec"]["serviceAccountName"], sa)
+        config = yaml.safe_load(admin.read_text())
+        ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"]).decode()
+        ctx = ssl.create_default_context(cadata=ca)
+        body = json.dumps({"users": {"sa-token": {"username": f"system:serviceaccount:{NAMESPACE}:{sa}",
+                                                  "groups": ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"]}}})
+        req = urllib.request.Request(f"{url}/_dev/tokens", data=body.encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, context=ctx, timeout=10) as r:
+            self.assertEqual(r.status, 200)
+        config["users"][0]["user"] = {"token": "sa-token"}
+        sa_config = d / "kubeconfig-sa"
+        sa_config.write_text(yaml.safe_dump(config))
+        denied = subprocess.run([kubectl, "--kubeconfig", str(sa_config), "get", "deployments", "-n", NAMESPACE],
+                                capture_output=True, text=True, timeout=60)
+        self.assertIn("forbidden", denied.stderr, "the API server enforces RBAC on the service account")
+
+        # The controller container as the pod runs it: its mounted Secrets as files, its
+        # environment (downward API, ports moved to free ones), its arguments.
+        deploy = one(docs, "Deployment", f"{FULLNAME}-controller")
+        pod = deploy["spec"]["template"]["spec"]
+        c = container(deploy, "controller")
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {}
+        for m in c["volumeMounts"]:
+            local = d / ("mount-" + m["name"])
+            local.mkdir()
+            secret = volumes[m["name"]].get("secret")
+            if secret:
+                for key, value in one(docs, "Secret", secret["secretName"])["data"].items():
+                    (local / key).write_bytes(base64.b64decode(value))
+            mounts[m["mountPath"]] = str(local)
+        args = []
+        for a in c["args"]:
+            for path, local in mounts.items():
+                a = a.replace(path, local)
+            args.append(a)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KUBECONFIG": str(sa_config), "TMPDIR": mounts.get("/tmp", str(d))}
+        fields = {"metadata.namespace": NAMESPACE, "metadata.name": "controller-0", "status.podIP": "127.0.0.1"}
+        for e in c["env"]:
+            env[e["name"]] = e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        for name in ("HEALTH_PORT", "METRICS_PORT", "WEBHOOK_PORT"):
+            env[name] = str(free_port())
+        env["HAPROXY_BIN"] = haproxy
+        log = d / "controller.log"
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen([haptic, *args], env=env, stdout=out, stderr=subprocess.STDOUT))
+
+        def get(*args):
+            r = subprocess.run([kubectl, "--kubeconfig", str(admin), "get", *args], capture_output=True, text=True, timeout=60)
+            return r.stdout.strip()
+
+        deadline = time.time() + 60
+        wanted = {
+            "Ingress status": lambda: get("ingress", "web", "-n", "default", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}") == "192.0.2.7",
+            "HTTPRoute status": lambda: get("httproute", "route", "-n", "default", "-o",
+                                            "jsonpath={.status.parents[0].conditions[?(@.type=='Accepted')].status}") == "True",
+            "GatewayClass status": lambda: get("gatewayclass", "haproxy", "-o", "jsonpath={.status.conditions[0].status}") == "True",
+            "HAProxyTemplateConfig status": lambda: get("haproxytemplateconfig", FULLNAME, "-n", NAMESPACE, "-o",
+                                                        "jsonpath={.status.conditions[?(@.type=='Rendered')].status}") == "True",
+            "leader Lease": lambda: "controller-0" in get("lease", "-n", NAMESPACE, "-o", "jsonpath={.items[*].spec.holderIdentity}"),
+        }
+        missing = list(wanted)
+        while missing and time.time() < deadline:
+            missing = [w for w in missing if not wanted[w]()]
+            time.sleep(0.3)
+        # The leader renews its Lease (an update) every retryPeriod.
+        renewed = lambda: get("lease", "-n", NAMESPACE, "-o", "jsonpath={.items[*].spec.renewTime}")
+        first = renewed()
+        while renewed() == first and time.time() < deadline + 15:
+            time.sleep(0.3)
+        if renewed() == first:
+            missing.append("Lease renewal")
+        text = log.read_text()
+        self.assertEqual(missing, [], text[-4000:])
+        refused = [l for l in text.splitlines() if "forbidden" in l.lower() or " 403" in l]
+        self.assertEqual(refused, [], "requests the chart's RBAC does not allow")
 
 
 if __name__ == "__main__":
