@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packaging tests: the Helm chart (rendered and linted with the real Helm v4 SDK, validated with
 # kubernetes-validate --strict for Kubernetes 1.29 and 1.33, applied with kubectl to the dev API
-# server; its alert rules unit-tested and its dashboard's queries parsed by promtool), the CRDs,
+# server, and its controller and HAProxy pods run as local processes as the chart specifies them
+# against the dev API server enforcing the chart's RBAC, until traffic flows; its alert rules unit-tested and its dashboard's queries parsed by promtool), the CRDs,
 # the Dockerfile, docs/install.md's values reference, the static musl
 # binaries (statically linked, run in an empty chroot, sizes), and the images
 # scripts/build-images.sh builds with buildah (unpacked and run as their user, as root only).

@@ -12,6 +12,8 @@ Environment (set by scripts/test-chart.sh):
 
 import base64
 import copy
+import http.client
+import http.server
 import json
 import os
 import re
@@ -22,6 +24,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -1583,15 +1586,78 @@ def free_port():
         return s.getsockname()[1]
 
 
-class ControllerUnderTheChartsRbac(unittest.TestCase):
-    """The controller as the chart runs it (its arguments, environment, mounted Secrets and
-    service account) against an API server that enforces the chart's RBAC: it leads, watches
-    every resource, renders, and writes the statuses, with no request refused. The chart's RBAC
-    grants only the verbs the code calls, so a call added without its grant fails here. Not
-    exercised: the HAProxyCfg's writes (the controller publishes only a bundle a pod runs, and
-    there are no HAProxy pods here); the end-to-end tests cover them without RBAC."""
+class Pod:
+    """A pod of a rendered workload run as local processes: its volumes as directories
+    (ConfigMaps and Secrets written out from the rendered objects, emptyDirs empty), its init
+    containers run in order, then its containers, each with its command, arguments, environment
+    and working directory, mount paths mapped to those directories and image binaries to local
+    ones."""
 
-    def test_the_controller_runs_with_exactly_the_charts_permissions(self):
+    def __init__(self, test, d, docs, workload, entrypoints, paths, fields, extra_env=None):
+        self.test, self.d, self.procs = test, d, []
+        spec = workload["spec"]["template"]["spec"]
+        self.volume_dirs = {}
+        for v in spec.get("volumes", []):
+            local = d / f"vol-{workload['metadata']['name']}-{v['name']}"
+            local.mkdir(parents=True)
+            if "configMap" in v:
+                for key, value in one(docs, "ConfigMap", v["configMap"]["name"]).get("data", {}).items():
+                    (local / key).write_text(value)
+            if "secret" in v:
+                for key, value in one(docs, "Secret", v["secret"]["secretName"]).get("data", {}).items():
+                    (local / key).write_bytes(base64.b64decode(value))
+            self.volume_dirs[v["name"]] = local
+        # entrypoints: by image repository, the binary of a container without a command (its
+        # image's entrypoint); paths: image paths to local ones.
+        self.spec, self.entrypoints, self.paths = spec, entrypoints, paths
+        self.fields, self.extra_env = fields, extra_env or {}
+
+    def local(self, c, text):
+        """`text` with the container's mount paths (longest first) and image binaries mapped."""
+        mapped = {m["mountPath"]: str(self.volume_dirs[m["name"]]) for m in c.get("volumeMounts", [])}
+        mapped.update(self.paths)
+        # One pass, so that a mapped path is not mapped again; a path only where one starts.
+        alternatives = "|".join(re.escape(p) for p in sorted(mapped, key=len, reverse=True))
+        return re.sub(rf"(?<![\w.-])({alternatives})(?=/|$|[^\w.-])", lambda m: mapped[m.group(1)], text)
+
+    def command(self, c):
+        if c.get("command"):
+            argv = [self.local(c, a) for a in c["command"]] + [self.local(c, a) for a in c.get("args", [])]
+        else:
+            repository = c["image"].rsplit("@", 1)[0].rsplit(":", 1)[0].rsplit("/", 1)[-1]
+            argv = [self.entrypoints[repository]] + [self.local(c, a) for a in c.get("args", [])]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        for e in c.get("env", []):
+            env[e["name"]] = self.local(c, e["value"]) if "value" in e else self.fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+        env.update(self.extra_env.get(c["name"], {}))
+        cwd = self.local(c, c["workingDir"]) if c.get("workingDir") else str(self.d)
+        return argv, env, cwd
+
+    def start(self):
+        for c in self.spec.get("initContainers", []):
+            argv, env, cwd = self.command(c)
+            r = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+            self.test.assertEqual(r.returncode, 0, f"init container {c['name']}: {r.stdout}{r.stderr}")
+        for c in self.spec["containers"]:
+            argv, env, cwd = self.command(c)
+            with open(self.d / f"{c['name']}.log", "w") as log:
+                self.procs.append(subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT))
+        return self.procs
+
+    def log(self, name):
+        return (self.d / f"{name}.log").read_text()
+
+
+class ChartPodsUnderItsRbac(unittest.TestCase):
+    """The chart's controller and HAProxy pods as the chart runs them, as local processes (their
+    commands, arguments, environment, mounted Secrets and ConfigMaps, init container, service
+    account), against an API server that enforces the chart's RBAC: the controller leads,
+    watches every resource, deploys to the HAProxy pod through its agent, publishes the
+    HAProxyCfg, writes the statuses, and traffic flows, with no request refused. The chart's
+    RBAC grants only the verbs the code calls, so a call added without its grant fails here, as
+    does a renamed flag, container, port or mount path."""
+
+    def test_the_charts_pods_deploy_and_serve_with_exactly_the_charts_permissions(self):
         apiserver = os.environ.get("HAPTIC_DEV_APISERVER")
         haptic = os.environ.get("HAPTIC_BIN")
         kubectl = os.environ.get("HAPTIC_KUBECTL") or shutil.which("kubectl")
@@ -1632,7 +1698,12 @@ class ControllerUnderTheChartsRbac(unittest.TestCase):
         def apply(docs):
             k("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(docs))
 
-        _, _, docs = render("defaults", {"libraries": {"gateway": {"enabled": True}}})
+        ports = {name: free_port() for name in ("agent", "probe", "http", "https", "status")}
+        _, _, docs = render("defaults", {
+            "libraries": {"gateway": {"enabled": True}},
+            "agent": {"port": ports["agent"], "probePort": ports["probe"]},
+            "haproxy": {"ports": {"http": ports["http"], "https": ports["https"], "status": ports["status"]}},
+        })
         spec = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
         k("create", "namespace", NAMESPACE)
         crds = [yaml.safe_load(p.read_text()) for p in sorted((CHART / "crds").glob("*.yaml"))]
@@ -1655,12 +1726,34 @@ class ControllerUnderTheChartsRbac(unittest.TestCase):
         # webhook is not what this test is about.
         apply([doc for doc in docs if doc["kind"] != "ValidatingWebhookConfiguration"])
 
+        # A backend for the routes.
+        class Echo(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = b"echo"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        echo = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+        threading.Thread(target=echo.serve_forever, daemon=True).start()
+        self.addCleanup(echo.server_close)
+        self.addCleanup(echo.shutdown)
+        echo_port = echo.server_address[1]
+
         # Objects whose statuses the templates write, and the address they report.
         k("patch", "service", f"{FULLNAME}-haproxy", "-n", NAMESPACE, "--subresource=status", "--type=merge",
           "-p", json.dumps({"status": {"loadBalancer": {"ingress": [{"ip": "192.0.2.7"}]}}}))
         apply([
             {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": "default"},
-             "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}},
+             "spec": {"ports": [{"name": "http", "port": 80, "targetPort": echo_port}]}},
+            {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+             "metadata": {"name": "web-1", "namespace": "default", "labels": {"kubernetes.io/service-name": "web"}},
+             "addressType": "IPv4", "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+             "ports": [{"name": "http", "port": echo_port}]},
             {"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "web", "namespace": "default"},
              "spec": {"ingressClassName": "haproxy", "rules": [{"host": "web.test", "http": {"paths": [
                  {"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}},
@@ -1722,6 +1815,34 @@ class ControllerUnderTheChartsRbac(unittest.TestCase):
         with open(log, "w") as out:
             procs.append(subprocess.Popen([haptic, *args], env=env, stdout=out, stderr=subprocess.STDOUT))
 
+        # An HAProxy pod of the chart's workload, and its Pod object as the kubelet reports it.
+        haproxy_workload = one(docs, "Deployment", f"{FULLNAME}-haproxy")
+        agent = str(Path(haptic).resolve().with_name("haptic-agent"))
+        pod_ip = "127.0.0.1"
+        haproxy_pod = Pod(self, d, docs, haproxy_workload, {"haptic-agent": agent},
+                          {"/usr/local/sbin/haproxy": haproxy}, {"status.podIP": pod_ip})
+        procs.extend(haproxy_pod.start())
+        labels = haproxy_workload["spec"]["template"]["metadata"]["labels"]
+        apply([{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "haproxy-0", "namespace": NAMESPACE, "labels": labels},
+                "spec": {"containers": [{"name": c["name"], "image": c["image"]} for c in haproxy_workload["spec"]["template"]["spec"]["containers"]]}}])
+        k("patch", "pod", "haproxy-0", "-n", NAMESPACE, "--subresource=status", "--type=merge", "-p", json.dumps({"status": {
+            "phase": "Running", "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": c["name"], "ready": True, "restartCount": 0, "image": c["image"], "imageID": "", "started": True,
+                                   "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}}
+                                  for c in haproxy_workload["spec"]["template"]["spec"]["containers"]]}}))
+
+        def serves(host):
+            conn = http.client.HTTPConnection("127.0.0.1", ports["http"], timeout=2)
+            try:
+                conn.request("GET", "/", headers={"Host": host})
+                r = conn.getresponse()
+                return r.status == 200 and r.read() == b"echo"
+            except OSError:
+                return False
+            finally:
+                conn.close()
+
         def get(*args):
             r = subprocess.run([kubectl, "--kubeconfig", str(admin), "get", *args], capture_output=True, text=True, timeout=60)
             return r.stdout.strip()
@@ -1735,6 +1856,10 @@ class ControllerUnderTheChartsRbac(unittest.TestCase):
             "HAProxyTemplateConfig status": lambda: get("haproxytemplateconfig", FULLNAME, "-n", NAMESPACE, "-o",
                                                         "jsonpath={.status.conditions[?(@.type=='Rendered')].status}") == "True",
             "leader Lease": lambda: "controller-0" in get("lease", "-n", NAMESPACE, "-o", "jsonpath={.items[*].spec.holderIdentity}"),
+            "Ingress traffic": lambda: serves("web.test"),
+            "HTTPRoute traffic": lambda: serves("gw.test"),
+            "HAProxyCfg published": lambda: "backend" in get("haproxycfg", f"{FULLNAME}-haproxycfg", "-n", NAMESPACE,
+                                                             "-o", "jsonpath={.spec.content}"),
         }
         missing = list(wanted)
         while missing and time.time() < deadline:
@@ -1748,7 +1873,8 @@ class ControllerUnderTheChartsRbac(unittest.TestCase):
         if renewed() == first:
             missing.append("Lease renewal")
         text = log.read_text()
-        self.assertEqual(missing, [], text[-4000:])
+        pod_logs = "".join(f"\n--- {c['name']}\n" + haproxy_pod.log(c["name"])[-2000:] for c in haproxy_pod.spec["containers"])
+        self.assertEqual(missing, [], text[-4000:] + pod_logs)
         refused = [l for l in text.splitlines() if "forbidden" in l.lower() or " 403" in l]
         self.assertEqual(refused, [], "requests the chart's RBAC does not allow")
 
