@@ -1595,6 +1595,21 @@ fn a_new_leader_rewrites_no_status_already_right_and_a_recreated_object_gets_its
             && jsonpath(&c, "ingress", "web", "{.status.loadBalancer.ingress[0].ip}")
                 == "192.0.2.10"
     });
+    // The HAProxyTemplateConfig's own conditions that stay true across the restart.
+    let config_times = |c: &Cluster| {
+        jsonpath(
+            c,
+            "haproxytemplateconfig",
+            "haptic-e2e",
+            "{.status.conditions[?(@.type==\"Valid\")].lastTransitionTime} {.status.conditions[?(@.type==\"Rendered\")].lastTransitionTime}",
+        )
+    };
+    let config_before = config_times(&c);
+    assert_eq!(
+        config_before.split(' ').filter(|t| t.len() == 20).count(),
+        2,
+        "{config_before}"
+    );
     let before = statuses(&c, &objects);
     // A condition written again now would get another time (RFC 3339 has seconds).
     std::thread::sleep(Duration::from_millis(1100));
@@ -1610,6 +1625,10 @@ fn a_new_leader_rewrites_no_status_already_right_and_a_recreated_object_gets_its
         "{}",
         c.controller_log("ctrl-b")
     );
+    wait_for("ctrl-b's render reported", DEADLINE, || {
+        c.condition("Rendered").is_some_and(|(s, _)| s == "True")
+    });
+    assert_eq!(config_times(&c), config_before);
 
     // Deleted, left out by a render, and created again: the same status is written again.
     let (ok, out) = c.kubectl(&["delete", "ingress", "web"], None);

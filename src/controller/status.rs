@@ -115,6 +115,9 @@ pub(crate) fn haproxycfg_resource() -> ResourceRef {
     ResourceRef::new(crate::config::model::API_VERSION, "haproxycfgs", true)
 }
 
+/// Every condition the controller sets on the HAProxyTemplateConfig.
+const CONDITION_KINDS: [&str; 3] = ["Valid", "Rendered", "Deployed"];
+
 #[derive(Clone, PartialEq)]
 struct Condition {
     kind: &'static str,
@@ -172,6 +175,8 @@ struct Written {
     restart_required: Vec<String>,
     conditions: Vec<Condition>,
     transition_times: BTreeMap<&'static str, (bool, String)>,
+    /// The HAProxyTemplateConfig's conditions when this leader's term began (read once).
+    config_conditions: Option<Vec<Value>>,
     generation: i64,
     /// ((bundle, compression threshold), pods as JSON) last published.
     haproxycfg: Option<((String, i64), String)>,
@@ -407,16 +412,15 @@ impl StatusWriter {
         let ns = Some(self.namespace.as_str());
         let conditions = self.conditions(desired);
         // A new leader (or a restart) starts from the conditions the object already has: their
-        // times are kept while their status is, and nothing is written when they are all as
-        // they should be.
-        let current = if written.conditions.is_empty() {
+        // times are kept while their status is, those it has no answer for yet (before its
+        // first render) stay as they are, and nothing is written when all are as they should be.
+        let current = if written.config_conditions.is_none() {
             match self.client.get(&config_resource(), ns, &self.config_name) {
                 Ok(object) => {
                     let status = object.get("status").cloned().unwrap_or(Value::Null);
-                    for c in status["conditions"].as_array().into_iter().flatten() {
-                        let Some(kind) =
-                            conditions.iter().map(|c| c.kind).find(|k| c["type"] == *k)
-                        else {
+                    let found = status["conditions"].as_array().cloned().unwrap_or_default();
+                    for c in &found {
+                        let Some(kind) = CONDITION_KINDS.iter().find(|k| c["type"] == **k) else {
                             continue;
                         };
                         if let Some(time) = c["lastTransitionTime"].as_str() {
@@ -426,6 +430,7 @@ impl StatusWriter {
                                 .insert(kind, (ok, time.to_string()));
                         }
                     }
+                    written.config_conditions = Some(found);
                     Some(status)
                 }
                 Err(e) => {
@@ -438,7 +443,7 @@ impl StatusWriter {
         };
         if conditions != written.conditions || desired.generation != written.generation {
             let now = rfc3339(SystemTime::now());
-            let list: Vec<Value> = conditions
+            let mut list: Vec<Value> = conditions
                 .iter()
                 .map(|c| {
                     let time = match written.transition_times.get(c.kind) {
@@ -450,6 +455,12 @@ impl StatusWriter {
                         "lastTransitionTime": time, "observedGeneration": desired.generation})
                 })
                 .collect();
+            let unanswered = written
+                .config_conditions
+                .iter()
+                .flatten()
+                .filter(|found| !conditions.iter().any(|c| found["type"] == c.kind));
+            list.extend(unanswered.cloned());
             let last_error = conditions
                 .iter()
                 .find(|c| !c.ok && c.kind != "Deployed")
