@@ -81,6 +81,30 @@ impl Drop for RunningReflector {
 }
 
 fn start_reflector(c: &Client) -> RunningReflector {
+    start_reflector_of(
+        c,
+        configmaps(),
+        Some("default"),
+        ListParams {
+            label_selector: Some("app=t".into()),
+            limit: Some(3),
+            ..Default::default()
+        },
+        ObjectFilter {
+            ignore_fields: vec![PathExpr::parse("metadata.managedFields").unwrap()],
+            field_selector: None,
+        },
+    )
+}
+
+/// A reflector of `resource` with these list parameters and local filter, once synced.
+fn start_reflector_of(
+    c: &Client,
+    resource: ResourceRef,
+    namespace: Option<&str>,
+    params: ListParams,
+    filter: ObjectFilter,
+) -> RunningReflector {
     let store: SharedStore = Arc::new(RwLock::new(Arc::new(Store::new(vec![
         PathExpr::parse("metadata.namespace").unwrap(),
         PathExpr::parse("metadata.name").unwrap(),
@@ -89,19 +113,12 @@ fn start_reflector(c: &Client) -> RunningReflector {
     let stop = Arc::new(AtomicBool::new(false));
     let synced = Arc::new(AtomicBool::new(false));
     let reflector = Reflector {
-        name: "configmaps".into(),
+        name: resource.resource.clone(),
         client: c.clone(),
-        resource: configmaps(),
-        namespace: Some("default".into()),
-        params: ListParams {
-            label_selector: Some("app=t".into()),
-            limit: Some(3),
-            ..Default::default()
-        },
-        filter: ObjectFilter {
-            ignore_fields: vec![PathExpr::parse("metadata.managedFields").unwrap()],
-            field_selector: None,
-        },
+        resource,
+        namespace: namespace.map(str::to_string),
+        params,
+        filter,
         store: store.clone(),
         synced: synced.clone(),
         stop: stop.clone(),
@@ -617,33 +634,17 @@ fn field_selectors_are_applied_by_the_api_server_or_else_locally() {
     c.create(&configmaps(), Some("default"), &other).unwrap();
 
     // The reflector alone, with no local selection: only the API server leaves the release out.
-    let store: SharedStore = Arc::new(RwLock::new(Arc::new(Store::new(vec![
-        PathExpr::parse("metadata.namespace").unwrap(),
-        PathExpr::parse("metadata.name").unwrap(),
-    ]))));
-    let (tx, _rx) = crossbeam_channel::unbounded();
-    let (stop, synced) = (
-        Arc::new(AtomicBool::new(false)),
-        Arc::new(AtomicBool::new(false)),
-    );
-    let reflector = Reflector {
-        name: "secrets".into(),
-        client: c.clone(),
-        resource: secrets.clone(),
-        namespace: None,
-        params: ListParams {
+    let secrets_reflector = start_reflector_of(
+        &c,
+        secrets.clone(),
+        None,
+        ListParams {
             field_selector: Some("type!=helm.sh/release.v1".into()),
             ..Default::default()
         },
-        filter: ObjectFilter::new(&[], None),
-        store: store.clone(),
-        synced: synced.clone(),
-        stop: stop.clone(),
-        events: tx,
-        watch_timeout: Duration::from_secs(60),
-    };
-    std::thread::spawn(move || reflector.run());
-    wait_for("secrets synced", WAIT, || synced.load(Ordering::SeqCst));
+        ObjectFilter::new(&[], None),
+    );
+    let store = &secrets_reflector.store;
     c.create(
         &secrets,
         Some("default"),
@@ -657,13 +658,10 @@ fn field_selectors_are_applied_by_the_api_server_or_else_locally() {
     )
     .unwrap();
     wait_for("the new TLS Secret watched", WAIT, || {
-        names(&store).contains("tls-2")
+        names(store).contains("tls-2")
     });
-    assert_eq!(
-        names(&store),
-        BTreeSet::from(["tls".into(), "tls-2".into()])
-    );
-    stop.store(true, Ordering::SeqCst);
+    assert_eq!(names(store), BTreeSet::from(["tls".into(), "tls-2".into()]));
+    drop(secrets_reflector);
 
     // Through the controller's watchers: the same selection, and a label path the API server
     // cannot select ConfigMaps by, applied locally.
