@@ -303,10 +303,7 @@ impl Reflector {
                         self.notify();
                         rv
                     }
-                    Err(e)
-                        if e.is_unsupported_field_selector()
-                            && self.params.field_selector.take().is_some() =>
-                    {
+                    Err(e) if e.is_bad_request() && self.params.field_selector.take().is_some() => {
                         // Selected here instead (`filter`): every object is listed and watched.
                         log::info!(
                             "resource={} the API server cannot apply the field selector ({e}); the controller applies it to every object it receives",

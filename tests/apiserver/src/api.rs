@@ -188,8 +188,10 @@ pub fn selectors(
         true => crate::selectors::selectable_fields(&t.group, &t.plural),
         false => &[],
     };
-    let fields = FieldSelector::parse_for(req.param("fieldSelector").unwrap_or(""), own)
-        .map_err(ApiError::bad_request)?;
+    let own_labels = !t.builtin || !own.is_empty();
+    let fields =
+        FieldSelector::parse_for(req.param("fieldSelector").unwrap_or(""), own, own_labels)
+            .map_err(ApiError::bad_request)?;
     Ok((labels, fields))
 }
 

@@ -149,7 +149,7 @@ fn rule_allows(rule: &Value, a: &Attributes) -> bool {
         *r == "*"
             || *r == resource
             || a.subresource.is_some_and(|sub| *r == format!("*/{sub}"))
-            || (a.subresource.is_none() && *r == format!("{}/*", a.resource))
+            || a.subresource.is_some() && *r == format!("{}/*", a.resource)
     });
     (verbs.contains(&"*") || verbs.contains(&a.verb))
         && (groups.contains(&"*") || groups.contains(&a.group))
@@ -190,6 +190,15 @@ mod tests {
         let named =
             json!({"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"], "resourceNames": ["y"]});
         assert!(!rule_allows(&named, &attrs("get", "pods", None)));
+        let subresources = json!({"apiGroups": [""], "resources": ["pods/*"], "verbs": ["get"]});
+        assert!(rule_allows(
+            &subresources,
+            &attrs("get", "pods", Some("log"))
+        ));
+        assert!(
+            !rule_allows(&subresources, &attrs("get", "pods", None)),
+            "pods/* is not pods"
+        );
         let any = json!({"apiGroups": ["*"], "resources": ["*/status"], "verbs": ["patch"]});
         assert!(rule_allows(&any, &attrs("patch", "pods", Some("status"))));
         assert!(!rule_allows(&any, &attrs("patch", "pods", None)));

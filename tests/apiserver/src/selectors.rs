@@ -210,11 +210,16 @@ pub fn selectable_fields(group: &str, plural: &str) -> &'static [&'static str] {
 impl FieldSelector {
     /// A selector on `metadata.name` and `metadata.namespace` only (any type).
     pub fn parse(text: &str) -> Result<FieldSelector, String> {
-        Self::parse_for(text, &[])
+        Self::parse_for(text, &[], true)
     }
 
-    /// A selector on the metadata fields and on `fields`, the type's own.
-    pub fn parse_for(text: &str, fields: &[&str]) -> Result<FieldSelector, String> {
+    /// A selector on the metadata fields and on `fields`, the type's own; `own_labels`: the
+    /// type declares field labels (or is a custom resource), which words the refusal.
+    pub fn parse_for(
+        text: &str,
+        fields: &[&str],
+        own_labels: bool,
+    ) -> Result<FieldSelector, String> {
         let mut terms = Vec::new();
         for part in split_top_level(text) {
             let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
@@ -231,7 +236,14 @@ impl FieldSelector {
             let field = field.trim();
             if field != "metadata.name" && field != "metadata.namespace" && !fields.contains(&field)
             {
-                return Err(format!("field label not supported: {field}"));
+                // Types with field labels of their own (and custom resources) say it one way,
+                // the others in apimachinery's default words.
+                return Err(match own_labels {
+                    true => format!("field label not supported: {field}"),
+                    false => format!(
+                        "\"{field}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+                    ),
+                });
             }
             terms.push((field.to_string(), equal, value.trim().to_string()));
         }
@@ -323,18 +335,25 @@ mod tests {
         let secrets = selectable_fields("", "secrets");
         let tls = json!({"metadata": {"name": "a"}, "type": "kubernetes.io/tls"});
         let helm = json!({"metadata": {"name": "b"}, "type": "helm.sh/release.v1"});
-        let sel = FieldSelector::parse_for("type!=helm.sh/release.v1", secrets).unwrap();
+        let sel = FieldSelector::parse_for("type!=helm.sh/release.v1", secrets, true).unwrap();
         assert!(sel.matches(&tls) && !sel.matches(&helm));
         assert!(
             FieldSelector::parse("type=x").is_err(),
             "not a field of every type"
         );
-        assert!(FieldSelector::parse_for("data.x=1", secrets).is_err());
+        assert!(FieldSelector::parse_for("data.x=1", secrets, true)
+            .unwrap_err()
+            .starts_with("field label not supported"));
+        assert_eq!(
+            FieldSelector::parse_for("spec.type=x", &[], false).unwrap_err(),
+            r#""spec.type" is not a known field selector: only "metadata.name", "metadata.namespace""#
+        );
         let pods = selectable_fields("", "pods");
         let pod = json!({"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}});
         let sel = FieldSelector::parse_for(
             "spec.nodeName=n1,status.phase!=Failed,spec.hostNetwork=false",
             pods,
+            true,
         )
         .unwrap();
         assert!(sel.matches(&pod));

@@ -208,8 +208,18 @@ fn kubectl_field_selectors_by_type() {
     assert_eq!(names("type!=kubernetes.io/tls,metadata.name!=x"), "plain");
     let refused = server.kubectl(&["get", "configmaps", "--field-selector", "type=x"]);
     let err = String::from_utf8_lossy(&refused.stderr);
+    // ConfigMaps have no field labels of their own: apimachinery's default words.
     assert!(
-        !refused.status.success() && err.contains("field label not supported: type"),
+        !refused.status.success()
+            && err.contains(
+                r#""type" is not a known field selector: only "metadata.name", "metadata.namespace""#
+            ),
+        "{err}"
+    );
+    let refused = server.kubectl(&["get", "secrets", "--field-selector", "data=x"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && err.contains("field label not supported: data"),
         "{err}"
     );
 }
