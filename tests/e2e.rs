@@ -1532,8 +1532,8 @@ fn statuses(c: &Cluster, objects: &[(&str, &str)]) -> Vec<String> {
 }
 
 /// A controller that starts leading (a restart, a leader change) leaves the statuses that are
-/// already right as they are: no write (the same resourceVersion, so no watch event for every
-/// replica to render), and the conditions keep their lastTransitionTime. An object deleted and
+/// already right as they are: the conditions keep their lastTransitionTime, so the objects keep
+/// their resourceVersion (no watch event for every replica to render). An object deleted and
 /// created again under its name gets its status again.
 #[test]
 fn a_new_leader_rewrites_no_status_already_right_and_a_recreated_object_gets_its_own() {

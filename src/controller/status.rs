@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 use serde_json::{json, Value};
@@ -167,6 +167,16 @@ struct Desired {
     restart_required: Vec<String>,
 }
 
+impl Written {
+    /// Backs off an object's status: 2 s after the first failure, doubling to 5 minutes.
+    fn retry_later(&mut self, key: &crate::render::context::StatusKey) {
+        let failures = self.retry.get(key).map_or(0, |(n, _)| *n) + 1;
+        let wait = Duration::from_secs(2 << (failures - 1).min(8)).min(Duration::from_secs(300));
+        self.retry
+            .insert(key.clone(), (failures, Instant::now() + wait));
+    }
+}
+
 #[derive(Default)]
 struct Written {
     /// Objects a Warning event was written for, with the message.
@@ -177,6 +187,9 @@ struct Written {
     transition_times: BTreeMap<&'static str, (bool, String)>,
     /// The HAProxyTemplateConfig's conditions when this leader's term began (read once).
     config_conditions: Option<Vec<Value>>,
+    /// Objects whose status could not be read or written: failures so far, and when to try
+    /// again (a status the API server keeps refusing is not asked for on every pass).
+    retry: BTreeMap<crate::render::context::StatusKey, (u32, Instant)>,
     generation: i64,
     /// ((bundle, compression threshold), pods as JSON) last published.
     haproxycfg: Option<((String, i64), String)>,
@@ -434,7 +447,7 @@ impl StatusWriter {
                     Some(status)
                 }
                 Err(e) => {
-                    log::debug!("read HAProxyTemplateConfig before its status: {e}");
+                    log::warn!("read HAProxyTemplateConfig before its status: {e}");
                     None
                 }
             }
@@ -455,11 +468,11 @@ impl StatusWriter {
                         "lastTransitionTime": time, "observedGeneration": desired.generation})
                 })
                 .collect();
-            let unanswered = written
-                .config_conditions
-                .iter()
-                .flatten()
-                .filter(|found| !conditions.iter().any(|c| found["type"] == c.kind));
+            let unanswered = written.config_conditions.iter().flatten().filter(|found| {
+                // Ours only: the list is replaced by each write, as it always was.
+                CONDITION_KINDS.iter().any(|k| found["type"] == *k)
+                    && !conditions.iter().any(|c| found["type"] == c.kind)
+            });
             list.extend(unanswered.cloned());
             let last_error = conditions
                 .iter()
@@ -509,6 +522,9 @@ impl StatusWriter {
         written
             .templates
             .retain(|key, _| desired.templates.contains_key(key));
+        written
+            .retry
+            .retain(|key, _| desired.templates.contains_key(key));
         let now = rfc3339(SystemTime::now());
         let (mut patched, mut kept) = (0usize, 0usize);
         for (key, status) in &desired.templates {
@@ -517,6 +533,13 @@ impl StatusWriter {
                 continue;
             }
             let (api_version, kind, namespace, name) = key;
+            if written
+                .retry
+                .get(key)
+                .is_some_and(|(_, at)| Instant::now() < *at)
+            {
+                continue;
+            }
             let res = ResourceRef::new(api_version, &plural_of(kind), !namespace.is_empty());
             let ns = (!namespace.is_empty()).then_some(namespace.as_str());
             // The first status this writer gives an object (after a restart or a leader change)
@@ -527,17 +550,20 @@ impl StatusWriter {
                 Some(_) => None,
                 None => match self.client.get(&res, ns, name) {
                     Ok(object) => Some(object.get("status").cloned().unwrap_or(Value::Null)),
-                    Err(e) if e.is_not_found() => {
-                        // Gone since the render: the next one leaves it out.
-                        log::debug!("status for {kind} {namespace}/{name}: object gone");
-                        written
-                            .templates
-                            .insert(key.clone(), (status.clone(), status.clone()));
-                        continue;
-                    }
                     Err(e) => {
-                        log::debug!("read {kind} {namespace}/{name} before its status: {e}");
-                        None
+                        // Gone since the render (the next one leaves it out, or it is back
+                        // under the same name), or unreadable: tried again later, never
+                        // written blind.
+                        match e.is_not_found() {
+                            true => {
+                                log::debug!("status for {kind} {namespace}/{name}: object gone")
+                            }
+                            false => {
+                                log::warn!("read {kind} {namespace}/{name} before its status: {e}")
+                            }
+                        }
+                        written.retry_later(key);
+                        continue;
                     }
                 },
             };
@@ -565,17 +591,18 @@ impl StatusWriter {
                 .merge_patch_status(&res, ns, name, &json!({"status": &*stamped}))
             {
                 Ok(_) => {
+                    written.retry.remove(key);
                     written
                         .templates
                         .insert(key.clone(), (status.clone(), stamped));
                 }
-                Err(e) if e.is_not_found() => {
-                    log::debug!("status for {kind} {namespace}/{name}: object gone");
-                    written
-                        .templates
-                        .insert(key.clone(), (status.clone(), stamped));
+                Err(e) => {
+                    match e.is_not_found() {
+                        true => log::debug!("status for {kind} {namespace}/{name}: object gone"),
+                        false => log::warn!("status for {kind} {namespace}/{name}: {e}"),
+                    }
+                    written.retry_later(key);
                 }
-                Err(e) => log::warn!("status for {kind} {namespace}/{name}: {e}"),
             }
         }
         if kept > 0 {

@@ -186,8 +186,9 @@ impl Watchers {
                 label_selector: def.label_selector.clone(),
                 // Sent to the API server, so that objects it leaves out are never transferred
                 // or held (a Secret watch without Helm's release Secrets); a field the type
-                // cannot be selected by there is selected here (`filter`) alone.
-                field_selector: def.field_selector.clone(),
+                // cannot be selected by there is selected here (`filter`) alone. Sent as it is
+                // read here (trimmed, values escaped).
+                field_selector: filter.field_selector.as_ref().map(|f| f.to_query()),
                 limit: Some(500),
             },
             filter,

@@ -199,6 +199,27 @@ impl FieldSelector {
         })
     }
 
+    /// The selector as the API server reads it (`path=value` or `path!=value`, by commas),
+    /// trimmed as it is matched here, with `\`, `,` and `=` escaped in values.
+    pub fn to_query(&self) -> String {
+        let escape = |v: &str| {
+            v.chars().fold(String::new(), |mut out, c| {
+                if matches!(c, '\\' | ',' | '=') {
+                    out.push('\\');
+                }
+                out.push(c);
+                out
+            })
+        };
+        self.terms
+            .iter()
+            .map(|(path, value, equal)| {
+                format!("{path}{}{}", if *equal { "=" } else { "!=" }, escape(value))
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// The paths the selector reads.
     pub fn paths(&self) -> impl Iterator<Item = &PathExpr> {
         self.terms.iter().map(|(p, _, _)| p)
@@ -264,5 +285,12 @@ mod tests {
             "missing field never equals"
         );
         assert!(FieldSelector::parse("nonsense").is_err());
+        // What the API server is sent: the terms as matched here, values escaped.
+        assert_eq!(
+            FieldSelector::parse(" metadata.name = a=b ,type!=x\\y")
+                .unwrap()
+                .to_query(),
+            "metadata.name=a\\=b,type!=x\\\\y"
+        );
     }
 }

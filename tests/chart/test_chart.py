@@ -16,6 +16,7 @@ import http.client
 import http.server
 import json
 import os
+import random
 import re
 import select
 import shutil
@@ -1593,8 +1594,9 @@ class Pod:
     and working directory, mount paths mapped to those directories and image binaries to local
     ones."""
 
-    def __init__(self, test, d, docs, workload, entrypoints, paths, fields, extra_env=None):
-        self.test, self.d, self.procs = test, d, []
+    def __init__(self, test, d, docs, workload, entrypoints, paths, fields, procs, extra_env=None):
+        # procs: where each started process goes at once (the caller stops them).
+        self.test, self.d, self.procs = test, d, procs
         spec = workload["spec"]["template"]["spec"]
         self.volume_dirs = {}
         for v in spec.get("volumes", []):
@@ -1642,8 +1644,6 @@ class Pod:
             argv, env, cwd = self.command(c)
             with open(self.d / f"{c['name']}.log", "w") as log:
                 self.procs.append(subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT))
-        return self.procs
-
     def log(self, name):
         return (self.d / f"{name}.log").read_text()
 
@@ -1699,10 +1699,14 @@ class ChartPodsUnderItsRbac(unittest.TestCase):
             k("apply", "--validate=false", "-f", "-", stdin=yaml.safe_dump_all(docs))
 
         ports = {name: free_port() for name in ("agent", "probe", "http", "https", "status")}
+        # HAProxy binds with SO_REUSEPORT: its frontends on an address of this run's own, so
+        # that a run at the same time never shares them.
+        address = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
         _, _, docs = render("defaults", {
             "libraries": {"gateway": {"enabled": True}},
             "agent": {"port": ports["agent"], "probePort": ports["probe"]},
             "haproxy": {"ports": {"http": ports["http"], "https": ports["https"], "status": ports["status"]}},
+            "controller": {"config": {"templatingSettings": {"extraContext": {"bind_address": address}}}},
         })
         spec = one(docs, "HAProxyTemplateConfig", FULLNAME)["spec"]
         k("create", "namespace", NAMESPACE)
@@ -1727,9 +1731,11 @@ class ChartPodsUnderItsRbac(unittest.TestCase):
         apply([doc for doc in docs if doc["kind"] != "ValidatingWebhookConfiguration"])
 
         # A backend for the routes.
+        token = os.urandom(8).hex().encode()
+
         class Echo(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
-                body = b"echo"
+                body = token
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -1820,8 +1826,8 @@ class ChartPodsUnderItsRbac(unittest.TestCase):
         agent = str(Path(haptic).resolve().with_name("haptic-agent"))
         pod_ip = "127.0.0.1"
         haproxy_pod = Pod(self, d, docs, haproxy_workload, {"haptic-agent": agent},
-                          {"/usr/local/sbin/haproxy": haproxy}, {"status.podIP": pod_ip})
-        procs.extend(haproxy_pod.start())
+                          {"/usr/local/sbin/haproxy": haproxy}, {"status.podIP": pod_ip}, procs)
+        haproxy_pod.start()
         labels = haproxy_workload["spec"]["template"]["metadata"]["labels"]
         apply([{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "haproxy-0", "namespace": NAMESPACE, "labels": labels},
                 "spec": {"containers": [{"name": c["name"], "image": c["image"]} for c in haproxy_workload["spec"]["template"]["spec"]["containers"]]}}])
@@ -1833,11 +1839,11 @@ class ChartPodsUnderItsRbac(unittest.TestCase):
                                   for c in haproxy_workload["spec"]["template"]["spec"]["containers"]]}}))
 
         def serves(host):
-            conn = http.client.HTTPConnection("127.0.0.1", ports["http"], timeout=2)
+            conn = http.client.HTTPConnection(address, ports["http"], timeout=2)
             try:
                 conn.request("GET", "/", headers={"Host": host})
                 r = conn.getresponse()
-                return r.status == 200 and r.read() == b"echo"
+                return r.status == 200 and r.read() == token
             except OSError:
                 return False
             finally:

@@ -23,6 +23,42 @@ pub struct FieldSelector {
     terms: Vec<(String, bool, String)>,
 }
 
+/// Whether the character at byte `i` follows an odd number of backslashes.
+fn escaped(s: &str, i: usize) -> bool {
+    s[..i].bytes().rev().take_while(|&b| b == b'\\').count() % 2 == 1
+}
+
+/// Splits on `sep` where it is not escaped.
+fn split_unescaped(s: &str, sep: char) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for (i, c) in s.char_indices() {
+        if c == sep && !escaped(s, i) {
+            parts.push(&s[start..i]);
+            start = i + c.len_utf8();
+        }
+    }
+    parts.push(&s[start..]);
+    parts
+}
+
+/// A field selector value without its escapes; `None` for an escape of another character.
+fn unescape(value: &str) -> Option<String> {
+    let mut out = String::new();
+    let mut chars = value.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some(e @ ('\\' | ',' | '=')) => out.push(e),
+                _ => return None,
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Some(out)
+}
+
 /// Splits on commas that are not inside parentheses.
 fn split_top_level(s: &str) -> Vec<&str> {
     let mut parts = Vec::new();
@@ -221,18 +257,31 @@ impl FieldSelector {
         own_labels: bool,
     ) -> Result<FieldSelector, String> {
         let mut terms = Vec::new();
-        for part in split_top_level(text) {
-            let (field, equal, value) = if let Some((f, v)) = part.split_once("!=") {
-                (f, false, v)
-            } else if let Some((f, v)) = part.split_once("==") {
-                (f, true, v)
-            } else if let Some((f, v)) = part.split_once('=') {
-                (f, true, v)
-            } else {
-                return Err(format!(
-                    "invalid selector: '{text}'; can't understand '{part}'"
-                ));
+        for part in split_unescaped(text, ',')
+            .into_iter()
+            .filter(|p| !p.is_empty())
+        {
+            // The first operator not escaped in the term; the value is unescaped (`\,`, `\=`,
+            // `\\`), as in Kubernetes' fields.ParseSelector.
+            let at = |op: &str| {
+                part.match_indices(op)
+                    .map(|(i, _)| i)
+                    .find(|&i| !escaped(part, i))
             };
+            let (field, equal, value) = match (at("!="), at("==").or_else(|| at("="))) {
+                (Some(i), None) => (&part[..i], false, &part[i + 2..]),
+                (Some(i), Some(j)) if i < j => (&part[..i], false, &part[i + 2..]),
+                (_, Some(j)) if part[j..].starts_with("==") => (&part[..j], true, &part[j + 2..]),
+                (_, Some(j)) => (&part[..j], true, &part[j + 1..]),
+                (None, None) => {
+                    return Err(format!(
+                        "invalid selector: '{text}'; can't understand '{part}'"
+                    ))
+                }
+            };
+            let value = unescape(value).ok_or_else(|| {
+                format!("invalid field selector: '{text}': invalid escape sequence in '{value}'")
+            })?;
             let field = field.trim();
             if field != "metadata.name" && field != "metadata.namespace" && !fields.contains(&field)
             {
@@ -245,7 +294,7 @@ impl FieldSelector {
                     ),
                 });
             }
-            terms.push((field.to_string(), equal, value.trim().to_string()));
+            terms.push((field.to_string(), equal, value));
         }
         Ok(FieldSelector { terms })
     }
@@ -357,5 +406,10 @@ mod tests {
         )
         .unwrap();
         assert!(sel.matches(&pod));
+        // Escaped separators in values.
+        let named = |name: &str| json!({"metadata": {"name": name}});
+        let sel = FieldSelector::parse("metadata.name=a\\=b\\,c").unwrap();
+        assert!(sel.matches(&named("a=b,c")) && !sel.matches(&named("a")));
+        assert!(FieldSelector::parse("metadata.name=a\\x").is_err());
     }
 }
