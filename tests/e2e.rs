@@ -68,6 +68,16 @@ fn post_review(
     serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))
 }
 
+/// The standard output of a command that succeeded (its standard error otherwise).
+fn stdout_of(out: std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn require(tool: &str) {
     let ok = Command::new(tool)
         .arg("--version")
@@ -375,27 +385,17 @@ fn a_compressed_published_config_keeps_server_slots_for_the_next_leader() {
         .spawn()
         .unwrap();
     std::io::Write::write_all(&mut view.stdin.take().unwrap(), object.as_bytes()).unwrap();
-    let out = view.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), before);
+    assert_eq!(stdout_of(view.wait_with_output().unwrap()), before);
     // And from the cluster, as `kubectl exec … -- haptic config view` does in a pod.
     let view_from_cluster = |c: &Cluster| {
-        let out = Command::new(env!("CARGO_BIN_EXE_haptic"))
-            .args(["config", "view", "--config-name", "haptic-e2e"])
-            .args(["--namespace", NS, "--kubeconfig"])
-            .arg(c.api.kubeconfig())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
+        stdout_of(
+            Command::new(env!("CARGO_BIN_EXE_haptic"))
+                .args(["config", "view", "--config-name", "haptic-e2e"])
+                .args(["--namespace", NS, "--kubeconfig"])
+                .arg(c.api.kubeconfig())
+                .output()
+                .unwrap(),
+        )
     };
     assert_eq!(view_from_cluster(&c), before);
 

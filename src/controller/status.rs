@@ -479,16 +479,13 @@ impl StatusWriter {
                 .find(|c| !c.ok && c.kind != "Deployed")
                 .map(|c| c.message.clone());
             let patch = json!({"status": {"observedGeneration": desired.generation, "conditions": list, "lastError": last_error}});
-            let unchanged = current.is_some_and(|c| merge_leaves(&c, &patch["status"]));
-            match match unchanged {
-                true => Ok(Value::Null),
-                false => self.client.merge_patch_status(
-                    &config_resource(),
-                    ns,
-                    &self.config_name,
-                    &patch,
-                ),
-            } {
+            let result = if current.is_some_and(|c| merge_leaves(&c, &patch["status"])) {
+                Ok(Value::Null)
+            } else {
+                self.client
+                    .merge_patch_status(&config_resource(), ns, &self.config_name, &patch)
+            };
+            match result {
                 Ok(_) => {
                     written.conditions = conditions.clone();
                     written.generation = desired.generation;

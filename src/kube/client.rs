@@ -123,10 +123,6 @@ impl KubeError {
         self.code() == Some(409)
     }
 
-    /// 400 Bad Request: for a list with a field selector, the API server cannot select by it
-    /// (it selects by a few fields per built-in type, custom resources by their names only, and
-    /// says so in two wordings: "field label not supported: …", or "… is not a known field
-    /// selector: only "metadata.name", "metadata.namespace"").
     pub fn is_bad_request(&self) -> bool {
         self.code() == Some(400)
     }

@@ -304,7 +304,10 @@ impl Reflector {
                         rv
                     }
                     Err(e) if e.is_bad_request() && self.params.field_selector.take().is_some() => {
-                        // Selected here instead (`filter`): every object is listed and watched.
+                        // The API server selects by a few fields per built-in type (custom
+                        // resources by their names only) and refuses others with a 400, in one
+                        // of two wordings. Selected here instead (`filter`): every object is
+                        // listed and watched.
                         log::info!(
                             "resource={} the API server cannot apply the field selector ({e}); the controller applies it to every object it receives",
                             self.name
