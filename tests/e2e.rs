@@ -1533,8 +1533,9 @@ fn statuses(c: &Cluster, objects: &[(&str, &str)]) -> Vec<String> {
 
 /// A controller that starts leading (a restart, a leader change) leaves the statuses that are
 /// already right as they are: the conditions keep their lastTransitionTime, so the objects keep
-/// their resourceVersion (no watch event for every replica to render). An object deleted and
-/// created again under its name gets its status again.
+/// their resourceVersion (no watch event for every replica to render), and it finds them in its
+/// watch stores, reading no object. An object deleted and created again under its name gets its
+/// status again, also when the controller never saw it gone.
 #[test]
 fn a_new_leader_rewrites_no_status_already_right_and_a_recreated_object_gets_its_own() {
     require("haproxy");
@@ -1615,16 +1616,31 @@ fn a_new_leader_rewrites_no_status_already_right_and_a_recreated_object_gets_its
     std::thread::sleep(Duration::from_millis(1100));
 
     c.controllers[0].kill();
+    // Reading an object (or writing its status) fails: the new leader has no need to.
+    let paths = [
+        "/apis/gateway.networking.k8s.io/v1/gatewayclasses/haproxy".to_string(),
+        format!("/apis/gateway.networking.k8s.io/v1/namespaces/{NS}/gateways/gw"),
+        format!("/apis/gateway.networking.k8s.io/v1/namespaces/{NS}/httproutes/route"),
+        format!("/apis/networking.k8s.io/v1/namespaces/{NS}/ingresses/web"),
+    ];
+    for path in &paths {
+        c.api.faults(
+            &json!({"failNext": {"count": 1000, "code": 500, "pathPrefix": path, "message": "read no object"}}),
+        );
+    }
     c.start_controller("ctrl-b");
     wait_for("ctrl-b's statuses", DEADLINE, || {
-        c.controller_log("ctrl-b").contains("object statuses: ") || statuses(&c, &objects) != before
+        let log = c.controller_log("ctrl-b");
+        log.contains("object statuses: ") || log.contains("read no object")
     });
-    assert_eq!(
-        statuses(&c, &objects),
-        before,
-        "{}",
-        c.controller_log("ctrl-b")
+    let log = c.controller_log("ctrl-b");
+    assert!(
+        log.contains("object statuses: 4 already as desired, 0 written"),
+        "{log}"
     );
+    assert!(!log.contains("read no object"), "{log}");
+    c.api.faults(&json!({"reset": true}));
+    assert_eq!(statuses(&c, &objects), before, "{log}");
     wait_for("ctrl-b's render reported", DEADLINE, || {
         c.condition("Rendered").is_some_and(|(s, _)| s == "True")
     });
@@ -1643,4 +1659,28 @@ fn a_new_leader_rewrites_no_status_already_right_and_a_recreated_object_gets_its
     wait_for("the new Ingress's status", DEADLINE, || {
         jsonpath(&c, "ingress", "web", "{.status.loadBalancer.ingress[0].ip}") == "192.0.2.10"
     });
+
+    // Deleted and created again while the controller's watch was held back, then re-listed:
+    // the controller never sees it gone, only another uid (as `kubectl replace --force` within
+    // one render's window).
+    let uid = jsonpath(&c, "ingress", "web", "{.metadata.uid}");
+    c.api
+        .faults(&json!({"pause": ["ingresses.networking.k8s.io"]}));
+    let (ok, out) = c.kubectl(&["delete", "ingress", "web"], None);
+    assert!(ok, "{out}");
+    let (ok, out) = c.kubectl(
+        &["apply", "--validate=false", "-f", "-"],
+        Some(&ingress("web", "web.example.com", "web", "")),
+    );
+    assert!(ok, "{out}");
+    assert_ne!(jsonpath(&c, "ingress", "web", "{.metadata.uid}"), uid);
+    // The held events go with the connections; the watches resume from a compacted history.
+    c.api
+        .faults(&json!({"compact": true, "closeWatches": "abrupt"}));
+    wait_for("the Ingress created again has its status", DEADLINE, || {
+        jsonpath(&c, "ingress", "web", "{.status.loadBalancer.ingress[0].ip}") == "192.0.2.10"
+    });
+    c.api
+        .faults(&json!({"resume": ["ingresses.networking.k8s.io"]}));
+    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
 }

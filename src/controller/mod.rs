@@ -12,6 +12,7 @@ pub mod hpcfg;
 pub(crate) mod reconcile;
 pub(crate) mod state;
 pub(crate) mod status;
+pub(crate) mod watched;
 pub mod watchers;
 
 use std::path::PathBuf;
@@ -221,6 +222,7 @@ fn start_runtime(w: &Wiring, config: &ActiveConfig) -> Result<Runtime, String> {
         namespace: namespace.to_string(),
         config_name: opts.config_name.clone(),
         inbox: ch.status_rx.clone(),
+        watchers: watchers.clone(),
     };
     if let Some(addr) = &opts.webhook_addr {
         crate::serve::webhook::start(

@@ -15,6 +15,7 @@ use crate::deploy::{NotAdmitted, Published};
 use crate::kinds::plural_of;
 use crate::kube::client::{Client, ResourceRef};
 use crate::kube::lease::rfc3339;
+use super::watched::{Seen, WatchedTypes};
 use crate::render::context::StatusUpdate;
 
 /// Templates have no clock (and must render deterministically), so condition times are filled
@@ -132,6 +133,8 @@ pub(crate) struct StatusWriter {
     pub namespace: String,
     pub config_name: String,
     pub inbox: Receiver<StatusMsg>,
+    /// Whose stores tell the objects' own statuses and uids.
+    pub watchers: Arc<std::sync::Mutex<super::watchers::Watchers>>,
 }
 
 /// How often the leader reads the HAProxyCfg back. Debug builds (the tests) take
@@ -161,6 +164,8 @@ struct Desired {
     /// pod runs, which during a burst of changes is seldom the latest.
     recent: std::collections::VecDeque<Arc<Published>>,
     templates: BTreeMap<(String, String, String, String), Arc<Value>>,
+    /// The (apiVersion, kind) of every object in `templates`.
+    kinds: std::collections::BTreeSet<(String, String)>,
     /// The list `templates` was built from (a render that changed no status sends the same).
     templates_from: Option<Arc<Vec<StatusUpdate>>>,
     dropped: Vec<crate::render::Dropped>,
@@ -175,6 +180,16 @@ impl Written {
         self.retry
             .insert(key.clone(), (failures, Instant::now() + wait));
     }
+}
+
+/// A status written to one object.
+struct WrittenStatus {
+    desired: Arc<Value>,
+    /// As written, with its condition times: the same `Arc` as `desired` when no condition was
+    /// stamped, so that equal statuses of thousands of objects stay one value.
+    stamped: Arc<Value>,
+    /// The object written to; `None` when unknown (its uid is stripped or was not answered).
+    uid: Option<Arc<str>>,
 }
 
 #[derive(Default)]
@@ -202,10 +217,10 @@ struct Written {
     haproxycfg_checksum: Option<String>,
     /// The spec of the object already there was taken as this leader's starting point.
     haproxycfg_seeded: bool,
-    /// Per object: the status the templates asked for, and what was written (with times).
-    /// (desired, as written with its condition timestamps): the same `Arc` when no condition
-    /// was stamped, so that equal statuses of thousands of objects stay one value.
-    templates: BTreeMap<crate::render::context::StatusKey, (Arc<Value>, Arc<Value>)>,
+    /// Per object: the status the templates asked for, what was written, and to which object.
+    templates: BTreeMap<crate::render::context::StatusKey, WrittenStatus>,
+    /// The version of each watch store when last looked at for objects created again.
+    store_versions: BTreeMap<String, u64>,
     last_error_event: Option<String>,
     refused_pods: std::collections::BTreeSet<String>,
     haproxycfg_unavailable: bool,
@@ -274,6 +289,10 @@ impl StatusWriter {
                             u.status.clone(),
                         )
                     })
+                    .collect();
+                desired.kinds = list
+                    .iter()
+                    .map(|u| (u.api_version.clone(), u.kind.clone()))
                     .collect();
                 desired.templates_from = Some(list);
             }
@@ -514,6 +533,11 @@ impl StatusWriter {
             written.restart_required = desired.restart_required.clone();
         }
         self.dropped_events(desired, written);
+        self.write_object_statuses(desired, written);
+    }
+
+    /// The statuses templates asked for (`status.set`), each written when it changed.
+    fn write_object_statuses(&self, desired: &Desired, written: &mut Written) {
         // Objects no render asks a status for any more (deleted, or no longer ours): forgotten,
         // so that an object created again under the same name gets its status written.
         written
@@ -522,31 +546,70 @@ impl StatusWriter {
         written
             .retry
             .retain(|key, _| desired.templates.contains_key(key));
+        // The statuses due, found before any request (the stores are read under their locks).
+        let due: Vec<_> = {
+            let watched = WatchedTypes::find(&self.watchers, desired.kinds.iter());
+            // Objects deleted and created again under their name since (another uid), even
+            // within one render's window: given their status as new objects.
+            for key in watched.recreated(
+                &written.templates,
+                |w| w.uid.as_ref(),
+                &mut written.store_versions,
+            ) {
+                log::debug!(
+                    "status for {} {}/{}: the object was created again",
+                    key.1,
+                    key.2,
+                    key.3
+                );
+                written.templates.remove(&key);
+                written.retry.remove(&key);
+            }
+            desired
+                .templates
+                .iter()
+                .filter(|(key, status)| {
+                    !written
+                        .templates
+                        .get(*key)
+                        .is_some_and(|w| w.desired == **status)
+                        && !written
+                            .retry
+                            .get(*key)
+                            .is_some_and(|(_, at)| Instant::now() < *at)
+                })
+                .map(|(key, status)| {
+                    // The first status this writer gives an object starts from the object's own
+                    // as watched.
+                    let seen = match written.templates.contains_key(key) {
+                        true => None,
+                        false => watched.seen(key),
+                    };
+                    (key, status, seen)
+                })
+                .collect()
+        };
         let now = rfc3339(SystemTime::now());
         let (mut patched, mut kept) = (0usize, 0usize);
-        for (key, status) in &desired.templates {
+        for (key, status, seen) in due {
             let previous = written.templates.get(key);
-            if previous.is_some_and(|(desired, _)| desired == status) {
-                continue;
-            }
             let (api_version, kind, namespace, name) = key;
-            if written
-                .retry
-                .get(key)
-                .is_some_and(|(_, at)| Instant::now() < *at)
-            {
-                continue;
-            }
             let res = ResourceRef::new(api_version, &plural_of(kind), !namespace.is_empty());
             let ns = (!namespace.is_empty()).then_some(namespace.as_str());
-            // The first status this writer gives an object (after a restart or a leader change)
-            // starts from the object's own: its condition times are kept, and a status it
-            // already has is not written again (each write is watched, and rendered, by every
-            // replica: thousands of them after every restart).
-            let found = match previous {
-                Some(_) => None,
-                None => match self.client.get(&res, ns, name) {
-                    Ok(object) => Some(object.get("status").cloned().unwrap_or(Value::Null)),
+            // The first status this writer gives an object (after a restart or a leader change,
+            // or to an object created again) starts from the object's own: its condition times
+            // are kept, and a status it already has is not written again (each write is
+            // watched, and rendered, by every replica: thousands of them after every restart).
+            // It comes from the watch store, or, where the store does not hold it (its status
+            // stripped, a type or object not watched), from the API server.
+            let (found, uid) = match (previous, seen) {
+                (Some(w), _) => (None, w.uid.clone()),
+                (None, Some(Seen { uid, status: Some(status) })) => (Some(status), uid),
+                (None, _) => match self.client.get(&res, ns, name) {
+                    Ok(object) => (
+                        Some(object.get("status").cloned().unwrap_or(Value::Null)),
+                        object["metadata"]["uid"].as_str().map(Arc::from),
+                    ),
                     Err(e) => {
                         // Gone since the render (the next one leaves it out, or it is back
                         // under the same name), or unreadable: tried again later, never
@@ -567,7 +630,7 @@ impl StatusWriter {
             let mut stamped = (**status).clone();
             stamp_conditions(
                 &mut stamped,
-                previous.map(|(_, s)| &**s).or(found.as_ref()),
+                previous.map(|w| &*w.stamped).or(found.as_ref()),
                 &now,
             );
             let stamped = if stamped == **status {
@@ -576,9 +639,14 @@ impl StatusWriter {
                 Arc::new(stamped)
             };
             if found.is_some_and(|current| merge_leaves(&current, &stamped)) {
-                written
-                    .templates
-                    .insert(key.clone(), (status.clone(), stamped));
+                written.templates.insert(
+                    key.clone(),
+                    WrittenStatus {
+                        desired: status.clone(),
+                        stamped,
+                        uid,
+                    },
+                );
                 kept += 1;
                 continue;
             }
@@ -587,11 +655,18 @@ impl StatusWriter {
                 .client
                 .merge_patch_status(&res, ns, name, &json!({"status": &*stamped}))
             {
-                Ok(_) => {
+                Ok(object) => {
                     written.retry.remove(key);
-                    written
-                        .templates
-                        .insert(key.clone(), (status.clone(), stamped));
+                    // The object written to (created again since it was seen, it is that one).
+                    let uid = object["metadata"]["uid"].as_str().map(Arc::from).or(uid);
+                    written.templates.insert(
+                        key.clone(),
+                        WrittenStatus {
+                            desired: status.clone(),
+                            stamped,
+                            uid,
+                        },
+                    );
                 }
                 Err(e) => {
                     match e.is_not_found() {

@@ -27,6 +27,17 @@ pub struct WatchDef {
     pub ignore_fields: Vec<String>,
 }
 
+impl WatchDef {
+    /// Objects keep their `status` in the store (no ignored field removes it).
+    pub fn keeps_status(&self) -> bool {
+        !self.ignore_fields.iter().any(|f| {
+            crate::store::path::PathExpr::parse(f).is_ok_and(|p| {
+                p.steps().first() == Some(&crate::store::path::Step::Key("status".into()))
+            })
+        })
+    }
+}
+
 struct Running {
     def: WatchDef,
     store: SharedStore,
@@ -242,7 +253,47 @@ impl Watchers {
         self.running.get(name).map(|r| snapshot(&r.store))
     }
 
+    /// The stores watching `resources` of `api_version` (shared, not snapshots).
+    pub(crate) fn stores_of(
+        &self,
+        api_version: &str,
+        resources: &str,
+    ) -> Vec<super::watched::TypeStore> {
+        self.running
+            .iter()
+            .filter(|(_, r)| r.def.api_version == api_version && r.def.resources == resources)
+            .map(|(name, r)| super::watched::TypeStore {
+                name: name.clone(),
+                store: r.store.clone(),
+                keeps_status: r.def.keeps_status(),
+            })
+            .collect()
+    }
+
     pub fn stop_all(&mut self) {
         self.running.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WatchDef;
+
+    #[test]
+    fn a_store_keeps_status_unless_an_ignored_field_strips_it() {
+        let def = |ignore: &[&str]| WatchDef {
+            api_version: "v1".into(),
+            resources: "services".into(),
+            namespace: None,
+            label_selector: None,
+            field_selector: None,
+            index_by: vec![],
+            ignore_fields: ignore.iter().map(|s| s.to_string()).collect(),
+        };
+        assert!(def(&[]).keeps_status());
+        assert!(def(&["metadata.managedFields", "spec.status", "statuses"]).keeps_status());
+        for strips in ["status", ".status.loadBalancer", "{status.conditions}", "['status']"] {
+            assert!(!def(&[strips]).keeps_status(), "{strips}");
+        }
     }
 }

@@ -346,6 +346,12 @@ impl Store {
         }
     }
 
+    /// Every object's index key is its object key (namespace, name): the change log names
+    /// the objects that changed.
+    pub fn indexed_by_object_key(&self) -> bool {
+        self.index.is_none()
+    }
+
     pub fn index_by(&self) -> &[PathExpr] {
         &self.index_by
     }
