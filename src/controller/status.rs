@@ -11,11 +11,11 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use serde_json::{json, Value};
 
 use super::state::{lock, Shared};
+use super::watched::{Seen, WatchedTypes};
 use crate::deploy::{NotAdmitted, Published};
 use crate::kinds::plural_of;
 use crate::kube::client::{Client, ResourceRef};
 use crate::kube::lease::rfc3339;
-use super::watched::{Seen, WatchedTypes};
 use crate::render::context::StatusUpdate;
 
 /// Templates have no clock (and must render deterministically), so condition times are filled
@@ -569,14 +569,12 @@ impl StatusWriter {
                 .templates
                 .iter()
                 .filter(|(key, status)| {
-                    !written
-                        .templates
+                    let done = written.templates.get(*key).map(|w| &w.desired) == Some(*status);
+                    let waiting = written
+                        .retry
                         .get(*key)
-                        .is_some_and(|w| w.desired == **status)
-                        && !written
-                            .retry
-                            .get(*key)
-                            .is_some_and(|(_, at)| Instant::now() < *at)
+                        .is_some_and(|(_, at)| Instant::now() < *at);
+                    !done && !waiting
                 })
                 .map(|(key, status)| {
                     // The first status this writer gives an object starts from the object's own
@@ -604,7 +602,13 @@ impl StatusWriter {
             // stripped, a type or object not watched), from the API server.
             let (found, uid) = match (previous, seen) {
                 (Some(w), _) => (None, w.uid.clone()),
-                (None, Some(Seen { uid, status: Some(status) })) => (Some(status), uid),
+                (
+                    None,
+                    Some(Seen {
+                        uid,
+                        status: Some(status),
+                    }),
+                ) => (Some(status), uid),
                 (None, _) => match self.client.get(&res, ns, name) {
                     Ok(object) => (
                         Some(object.get("status").cloned().unwrap_or(Value::Null)),

@@ -157,7 +157,12 @@ mod tests {
     }
 
     fn key(name: &str) -> StatusKey {
-        ("networking.k8s.io/v1".into(), "Ingress".into(), "ns".into(), name.into())
+        (
+            "networking.k8s.io/v1".into(),
+            "Ingress".into(),
+            "ns".into(),
+            name.into(),
+        )
     }
 
     fn watched(index_by: &[&str], keeps_status: bool) -> (WatchedTypes, SharedStore) {
@@ -183,7 +188,10 @@ mod tests {
     /// names it (indexed by namespace and name) or every written object is looked at.
     #[test]
     fn objects_created_again_are_told_by_their_uid() {
-        for index_by in [&["metadata.namespace", "metadata.name"][..], &["metadata.name"]] {
+        for index_by in [
+            &["metadata.namespace", "metadata.name"][..],
+            &["metadata.name"],
+        ] {
             let (watched, store) = watched(index_by, true);
             for name in ["a", "b", "c"] {
                 upsert(&store, ingress(name, &format!("{name}-1")));

@@ -292,7 +292,12 @@ mod tests {
         };
         assert!(def(&[]).keeps_status());
         assert!(def(&["metadata.managedFields", "spec.status", "statuses"]).keeps_status());
-        for strips in ["status", ".status.loadBalancer", "{status.conditions}", "['status']"] {
+        for strips in [
+            "status",
+            ".status.loadBalancer",
+            "{status.conditions}",
+            "['status']",
+        ] {
             assert!(!def(&[strips]).keeps_status(), "{strips}");
         }
     }
