@@ -5,7 +5,8 @@
 use serde_json::Value;
 
 use super::harness::{
-    self, service_yaml, service_yaml_port, service_yaml_ports, Echo, Scenario, Tied,
+    self, service_yaml, service_yaml_port, service_yaml_ports, Echo, HAProxy, Response, Scenario,
+    Tied,
 };
 use crate::support::wait_for;
 
@@ -2455,5 +2456,258 @@ fn gateway_request_mirror_copies_requests_without_changing_answers() {
     assert_eq!(
         condition(conditions, "ResolvedRefs"),
         pair("False", "BackendNotFound")
+    );
+}
+
+/// A preflight (OPTIONS with Origin and Access-Control-Request-Method, `extra` more headers).
+fn preflight(
+    p: &HAProxy,
+    host: &str,
+    path: &str,
+    origin: &str,
+    method: &str,
+    extra: &[&str],
+) -> Response {
+    let origin = format!("Origin: {origin}");
+    let method = format!("Access-Control-Request-Method: {method}");
+    let mut args = vec![
+        "-X",
+        "OPTIONS",
+        "-H",
+        origin.as_str(),
+        "-H",
+        method.as_str(),
+    ];
+    for h in extra {
+        args.extend(["-H", h]);
+    }
+    p.http_with(host, path, &args)
+}
+
+/// HTTPRoute CORS filters (the Gateway API's HTTPRouteCORS conformance routes): preflights are
+/// answered by HAProxy with the allowed origin echoed (exact, `*.` with any labels to its left,
+/// a default port written or not), methods, headers, exposed headers, max age and credentials;
+/// an origin not allowed gets no CORS header; the other requests reach the backend and their
+/// answers get the headers; `*` answers `*` without credentials and echoes the origin with them.
+#[test]
+fn gateway_cors_filters_answer_preflights_and_mark_allowed_answers() {
+    let web = Echo::start("web");
+    let mut m = service_yaml("default", "web", &web);
+    m.push_str(GATEWAYS);
+    m.push_str(&route(
+        "default",
+        "cors",
+        "2024-01-01T00:00:00Z",
+        r#"  parentRefs: [{name: gw, sectionName: http}]
+  hostnames: [cors.test]
+  rules:
+    - matches: [{path: {type: PathPrefix, value: /cors-1}}]
+      filters:
+        - type: CORS
+          cors:
+            allowOrigins: ["https://www.foo.com", "https://*.bar.com", "http://local.test:8080"]
+            allowMethods: [GET, OPTIONS]
+            allowHeaders: [x-header-1, x-header-2]
+            exposeHeaders: [x-header-3, x-header-4]
+            allowCredentials: true
+            maxAge: 3600
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /cors-2}}]
+      filters: [{type: CORS, cors: {allowOrigins: ["https://www.foo.com"], allowMethods: ["*"]}}]
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /any}}]
+      filters: [{type: CORS, cors: {allowOrigins: ["*"], allowMethods: [PUT], allowCredentials: false}}]
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /wild-creds}}]
+      filters: [{type: CORS, cors: {allowOrigins: ["*"], allowMethods: ["*"], allowHeaders: ["*"], allowCredentials: true}}]
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /wild}}]
+      filters: [{type: CORS, cors: {allowOrigins: ["*"], allowMethods: ["*"], allowHeaders: ["*"], exposeHeaders: ["*"]}}]
+      backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /plain}}]
+      backendRefs: [{name: web, port: 80}]
+"#,
+    ));
+    let s = Scenario::start("gateway-cors", &m, &[]);
+    let p = &s.proxy;
+    let h = |r: &Response, name: &str| r.header(name).map(str::to_string);
+    let some = |v: &str| Some(v.to_string());
+    let hdrs = ["Access-Control-Request-Headers: x-header-1, x-header-2"];
+    for origin in [
+        "https://www.foo.com",
+        "https://www.bar.com",
+        "https://xpto.www.bar.com",
+        "HTTPS://WWW.FOO.COM",
+        "https://www.foo.com:443",
+        "http://local.test:8080",
+    ] {
+        let r = preflight(p, "cors.test", "/cors-1", origin, "GET", &hdrs);
+        assert_eq!(r.status, 204, "{origin}: {r:?}");
+        assert_eq!(r.backend(), None, "answered by HAProxy: {r:?}");
+        assert_eq!(h(&r, "access-control-allow-origin"), some(origin), "{r:?}");
+        assert_eq!(h(&r, "access-control-allow-methods"), some("GET, OPTIONS"));
+        assert_eq!(
+            h(&r, "access-control-allow-headers"),
+            some("x-header-1, x-header-2")
+        );
+        assert_eq!(
+            h(&r, "access-control-expose-headers"),
+            some("x-header-3, x-header-4")
+        );
+        assert_eq!(h(&r, "access-control-max-age"), some("3600"));
+        assert_eq!(h(&r, "access-control-allow-credentials"), some("true"));
+        assert_eq!(h(&r, "vary"), some("Origin"));
+        // The same origin on an ordinary request: the backend answers, with the headers.
+        let o = format!("Origin: {origin}");
+        let r = p.http_with("cors.test", "/cors-1", &["-H", o.as_str()]);
+        assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+        assert_eq!(h(&r, "access-control-allow-origin"), some(origin), "{r:?}");
+        assert_eq!(h(&r, "access-control-allow-credentials"), some("true"));
+        assert_eq!(
+            h(&r, "access-control-expose-headers"),
+            some("x-header-3, x-header-4")
+        );
+    }
+    // Origins not allowed: another host, `*.bar.com` itself, another scheme or port, a lookalike.
+    for origin in [
+        "https://foobar.com",
+        "https://bar.com",
+        "http://www.foo.com",
+        "https://www.foo.com:8443",
+        "https://www.foo.com.evil.test",
+        "https://evil.test/https://www.foo.com",
+        "http://local.test",
+    ] {
+        let r = preflight(p, "cors.test", "/cors-1", origin, "GET", &hdrs);
+        assert!(matches!(r.status, 200 | 204 | 403), "{origin}: {r:?}");
+        assert_eq!(r.backend(), None, "{r:?}");
+        assert_eq!(
+            h(&r, "access-control-allow-origin"),
+            None,
+            "{origin}: {r:?}"
+        );
+        let o = format!("Origin: {origin}");
+        let r = p.http_with("cors.test", "/cors-1", &["-H", o.as_str()]);
+        assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+        assert_eq!(
+            h(&r, "access-control-allow-origin"),
+            None,
+            "{origin}: {r:?}"
+        );
+        assert_eq!(h(&r, "access-control-allow-credentials"), None, "{r:?}");
+    }
+    // allowMethods ["*"] without credentials; no Access-Control-Allow-Credentials.
+    let r = preflight(
+        p,
+        "cors.test",
+        "/cors-2",
+        "https://www.foo.com",
+        "POST",
+        &[],
+    );
+    assert_eq!(r.status, 204, "{r:?}");
+    assert_eq!(
+        h(&r, "access-control-allow-origin"),
+        some("https://www.foo.com")
+    );
+    assert!(
+        matches!(
+            h(&r, "access-control-allow-methods").as_deref(),
+            Some("*" | "POST")
+        ),
+        "{r:?}"
+    );
+    assert_eq!(h(&r, "access-control-allow-credentials"), None);
+    assert_eq!(h(&r, "access-control-max-age"), some("5"), "the default");
+    // Any origin without credentials: `*`, also for an origin with a port.
+    let r = preflight(p, "cors.test", "/any", "https://foobar.com", "PUT", &[]);
+    assert_eq!(r.status, 204, "{r:?}");
+    assert_eq!(h(&r, "access-control-allow-origin"), some("*"));
+    assert_eq!(h(&r, "access-control-allow-methods"), some("PUT"));
+    assert_eq!(h(&r, "access-control-allow-credentials"), None);
+    let r = p.http_with(
+        "cors.test",
+        "/any",
+        &["-X", "PUT", "-H", "Origin: https://foobar.com:12345"],
+    );
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    assert_eq!(h(&r, "access-control-allow-origin"), some("*"));
+    // Wildcards with credentials: the request's origin, method and headers echoed, never `*`.
+    let r = preflight(
+        p,
+        "cors.test",
+        "/wild-creds",
+        "https://other.foo.com",
+        "PUT",
+        &hdrs,
+    );
+    assert_eq!(r.status, 204, "{r:?}");
+    assert_eq!(
+        h(&r, "access-control-allow-origin"),
+        some("https://other.foo.com")
+    );
+    assert_eq!(h(&r, "access-control-allow-methods"), some("PUT"));
+    assert_eq!(
+        h(&r, "access-control-allow-headers"),
+        some("x-header-1, x-header-2")
+    );
+    assert_eq!(h(&r, "access-control-allow-credentials"), some("true"));
+    let r = preflight(
+        p,
+        "cors.test",
+        "/wild-creds",
+        "https://other.foo.com",
+        "PUT",
+        &[],
+    );
+    assert_eq!(
+        h(&r, "access-control-allow-headers"),
+        None,
+        "none asked for: {r:?}"
+    );
+    let r = p.http_with(
+        "cors.test",
+        "/wild-creds",
+        &["-H", "Origin: https://other.foo.com"],
+    );
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    assert_eq!(
+        h(&r, "access-control-allow-origin"),
+        some("https://other.foo.com")
+    );
+    assert_eq!(h(&r, "access-control-allow-credentials"), some("true"));
+    // Wildcards without credentials.
+    let r = preflight(
+        p,
+        "cors.test",
+        "/wild",
+        "https://other.foo.com",
+        "PUT",
+        &hdrs,
+    );
+    assert_eq!(h(&r, "access-control-allow-origin"), some("*"), "{r:?}");
+    assert_eq!(h(&r, "access-control-allow-methods"), some("*"));
+    assert_eq!(h(&r, "access-control-allow-headers"), some("*"));
+    assert_eq!(h(&r, "access-control-expose-headers"), some("*"));
+    assert_eq!(h(&r, "access-control-allow-credentials"), None);
+    // Requests without Origin, and routes without the filter, are untouched; OPTIONS without
+    // Origin reaches the backend.
+    let r = p.http("cors.test", "/cors-1");
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    assert_eq!(h(&r, "access-control-allow-origin"), None);
+    let r = p.http_with(
+        "cors.test",
+        "/cors-1",
+        &["-X", "OPTIONS", "-H", "Access-Control-Request-Method: GET"],
+    );
+    assert_eq!(r.backend(), Some("web"), "{r:?}");
+    let r = preflight(p, "cors.test", "/plain", "https://www.foo.com", "GET", &[]);
+    assert_eq!(r.backend(), Some("web"), "{r:?}");
+    assert_eq!(h(&r, "access-control-allow-origin"), None);
+    // The route is accepted, with nothing to report.
+    let st = status_of(&s.render_output, "HTTPRoute", "default/cors").expect("status");
+    assert_eq!(
+        condition(&st["parents"][0]["conditions"], "Accepted"),
+        pair("True", "Accepted")
     );
 }
