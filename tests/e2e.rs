@@ -1680,6 +1680,14 @@ fn a_new_leader_rewrites_no_status_already_right_and_a_recreated_object_gets_its
     wait_for("the Ingress created again has its status", DEADLINE, || {
         jsonpath(&c, "ingress", "web", "{.status.loadBalancer.ingress[0].ip}") == "192.0.2.10"
     });
+    // Told by its uid (the render saw no change of its own: the same status is desired).
+    let log = c.controller_log("ctrl-b");
+    assert!(
+        log.contains(&format!(
+            "status for Ingress {NS}/web: the object was created again"
+        )),
+        "{log}"
+    );
     c.api
         .faults(&json!({"resume": ["ingresses.networking.k8s.io"]}));
     c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);

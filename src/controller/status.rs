@@ -11,7 +11,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError};
 use serde_json::{json, Value};
 
 use super::state::{lock, Shared};
-use super::watched::{Seen, WatchedTypes};
+use super::watched::{uid_of, Seen, WatchedTypes};
 use crate::deploy::{NotAdmitted, Published};
 use crate::kinds::plural_of;
 use crate::kube::client::{Client, ResourceRef};
@@ -190,6 +190,24 @@ struct WrittenStatus {
     stamped: Arc<Value>,
     /// The object written to; `None` when unknown (its uid is stripped or was not answered).
     uid: Option<Arc<str>>,
+    /// Not written: a watch store showed it already (the store may have been behind, so a
+    /// change of the object there that shows another status makes it due again).
+    seeded: bool,
+}
+
+impl WrittenStatus {
+    /// The object as its store now holds it is another one (another uid), or the status the
+    /// store vouched for is not what it shows now.
+    fn stale(&self, object: &crate::store::Doc) -> bool {
+        let recreated =
+            self.uid.is_some() && uid_of(object).is_some_and(|now| Some(now) != self.uid);
+        let unconfirmed = self.seeded
+            && !object
+                .root()
+                .get("status")
+                .is_some_and(|status| merge_leaves(&status.to_value(), &self.stamped));
+        recreated || unconfirmed
+    }
 }
 
 #[derive(Default)]
@@ -546,51 +564,50 @@ impl StatusWriter {
         written
             .retry
             .retain(|key, _| desired.templates.contains_key(key));
-        // The statuses due, found before any request (the stores are read under their locks).
-        let due: Vec<_> = {
-            let watched = WatchedTypes::find(&self.watchers, desired.kinds.iter());
-            // Objects deleted and created again under their name since (another uid), even
-            // within one render's window: given their status as new objects.
-            for key in watched.recreated(
-                &written.templates,
-                |w| w.uid.as_ref(),
-                &mut written.store_versions,
-            ) {
-                log::debug!(
-                    "status for {} {}/{}: the object was created again",
-                    key.1,
-                    key.2,
-                    key.3
-                );
-                written.templates.remove(&key);
-                written.retry.remove(&key);
-            }
-            desired
-                .templates
-                .iter()
-                .filter(|(key, status)| {
-                    let done = written.templates.get(*key).map(|w| &w.desired) == Some(*status);
-                    let waiting = written
-                        .retry
-                        .get(*key)
-                        .is_some_and(|(_, at)| Instant::now() < *at);
-                    !done && !waiting
-                })
-                .map(|(key, status)| {
-                    // The first status this writer gives an object starts from the object's own
-                    // as watched.
-                    let seen = match written.templates.contains_key(key) {
-                        true => None,
-                        false => watched.seen(key),
-                    };
-                    (key, status, seen)
-                })
-                .collect()
+        // The writer never waits for the watchers (a config change or a discovery retry holds
+        // them during requests): busy, the object statuses wait for the next pass.
+        let Some(watched) = WatchedTypes::find(&self.watchers, desired.kinds.iter()) else {
+            return;
         };
+        // Objects deleted and created again under their name (another uid), even within one
+        // render's window, and objects whose status the store vouched for and now shows
+        // otherwise (it was behind: a previous leader's last writes): written to as new.
+        let stale = watched.stale(
+            &written.templates,
+            &mut written.store_versions,
+            WrittenStatus::stale,
+        );
+        for key in stale {
+            log::info!(
+                "status for {} {}/{}: the object was created again, or its status changed; writing it again",
+                key.1,
+                key.2,
+                key.3
+            );
+            written.templates.remove(&key);
+            written.retry.remove(&key);
+        }
+        let due: Vec<_> = desired
+            .templates
+            .iter()
+            .filter(|(key, status)| {
+                let done = written.templates.get(*key).map(|w| &w.desired) == Some(*status);
+                let waiting = written
+                    .retry
+                    .get(*key)
+                    .is_some_and(|(_, at)| Instant::now() < *at);
+                !done && !waiting
+            })
+            .collect();
         let now = rfc3339(SystemTime::now());
         let (mut patched, mut kept) = (0usize, 0usize);
-        for (key, status, seen) in due {
+        for (key, status) in due {
             let previous = written.templates.get(key);
+            // The object as watched (read one at a time: after a failover that is every object).
+            let seen = match previous {
+                Some(_) => None,
+                None => watched.seen(key),
+            };
             let (api_version, kind, namespace, name) = key;
             let res = ResourceRef::new(api_version, &plural_of(kind), !namespace.is_empty());
             let ns = (!namespace.is_empty()).then_some(namespace.as_str());
@@ -600,19 +617,21 @@ impl StatusWriter {
             // watched, and rendered, by every replica: thousands of them after every restart).
             // It comes from the watch store, or, where the store does not hold it (its status
             // stripped, a type or object not watched), from the API server.
-            let (found, uid) = match (previous, seen) {
-                (Some(w), _) => (None, w.uid.clone()),
+            // (status found, uid, found in a watch store)
+            let (found, uid, from_store) = match (previous, seen) {
+                (Some(w), _) => (None, w.uid.clone(), false),
                 (
                     None,
                     Some(Seen {
                         uid,
                         status: Some(status),
                     }),
-                ) => (Some(status), uid),
+                ) => (Some(status), uid, true),
                 (None, _) => match self.client.get(&res, ns, name) {
                     Ok(object) => (
                         Some(object.get("status").cloned().unwrap_or(Value::Null)),
                         object["metadata"]["uid"].as_str().map(Arc::from),
+                        false,
                     ),
                     Err(e) => {
                         // Gone since the render (the next one leaves it out, or it is back
@@ -649,6 +668,7 @@ impl StatusWriter {
                         desired: status.clone(),
                         stamped,
                         uid,
+                        seeded: from_store,
                     },
                 );
                 kept += 1;
@@ -669,6 +689,7 @@ impl StatusWriter {
                             desired: status.clone(),
                             stamped,
                             uid,
+                            seeded: false,
                         },
                     );
                 }
@@ -1048,6 +1069,35 @@ mod tests {
             second["ancestors"][0]["conditions"][0]["lastTransitionTime"],
             "T2"
         );
+    }
+
+    /// An entry is stale when its object was created again (another uid), or when the store
+    /// vouched for its status and now shows another; a status written by this writer is not
+    /// second-guessed by a store that may still be behind it.
+    #[test]
+    fn written_statuses_are_stale_when_recreated_or_unconfirmed() {
+        let object = |uid: &str, status: Value| {
+            crate::store::Doc::from_value(
+                &json!({"metadata": {"name": "a", "uid": uid}, "status": status}),
+            )
+            .unwrap()
+        };
+        let lb = json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.10"}]}});
+        let written = |uid: Option<&str>, seeded: bool| super::WrittenStatus {
+            desired: std::sync::Arc::new(lb.clone()),
+            stamped: std::sync::Arc::new(lb.clone()),
+            uid: uid.map(std::sync::Arc::from),
+            seeded,
+        };
+        for seeded in [false, true] {
+            let w = written(Some("u1"), seeded);
+            assert!(!w.stale(&object("u1", lb.clone())), "{seeded}");
+            assert!(w.stale(&object("u2", lb.clone())), "created again");
+            assert_eq!(w.stale(&object("u1", json!({}))), seeded, "{seeded}");
+            assert_eq!(w.stale(&object("u1", Value::Null)), seeded, "{seeded}");
+        }
+        // No uid recorded: never taken for another object.
+        assert!(!written(None, false).stale(&object("u2", lb.clone())));
     }
 
     /// Conditions that are no objects (a template's or another controller's values, of any

@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use super::state::lock;
 use super::watchers::Watchers;
 use crate::kinds::plural_of;
 use crate::kube::reflector::SharedStore;
@@ -51,11 +50,18 @@ pub(crate) fn uid_of(object: &Doc) -> Option<Arc<str>> {
 }
 
 impl WatchedTypes {
+    /// The stores of `kinds`; `None` while the watchers are busy (a config change or a
+    /// discovery retry holds them during requests to the API server): the caller tries again
+    /// on its next pass instead of waiting.
     pub(crate) fn find<'a>(
         watchers: &Mutex<Watchers>,
         kinds: impl Iterator<Item = &'a (String, String)>,
-    ) -> WatchedTypes {
-        let watchers = lock(watchers);
+    ) -> Option<WatchedTypes> {
+        let watchers = match watchers.try_lock() {
+            Ok(w) => w,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
         let types = kinds
             .map(|(api_version, kind)| {
                 let stores = watchers.stores_of(api_version, &plural_of(kind));
@@ -63,7 +69,7 @@ impl WatchedTypes {
             })
             .filter(|(_, stores)| !stores.is_empty())
             .collect();
-        WatchedTypes { types }
+        Some(WatchedTypes { types })
     }
 
     /// The object a status key names, from the first store of its type that holds it.
@@ -86,15 +92,17 @@ impl WatchedTypes {
         })
     }
 
-    /// The objects of `written` (status keys, each with the uid its status was written for)
-    /// that their stores now hold under another uid: deleted and created again since. `versions`
+    /// The objects of `written` (status keys, each with what was written to it) that changed
+    /// in their stores since the last call and that `stale` judges so: deleted and created
+    /// again (another uid), or holding another status than the store vouched for. `versions`
     /// holds each store's version as of the last call; only what changed since is looked at
-    /// where the store's change log tells (stores indexed by namespace and name).
-    pub(crate) fn recreated<W>(
+    /// where the store's change log tells (stores indexed by namespace and name), else every
+    /// written object of the type.
+    pub(crate) fn stale<W>(
         &self,
         written: &BTreeMap<StatusKey, W>,
-        uid: impl Fn(&W) -> Option<&Arc<str>>,
         versions: &mut BTreeMap<String, u64>,
+        stale: impl Fn(&W, &Doc) -> bool,
     ) -> Vec<StatusKey> {
         let mut found = Vec::new();
         for ((api_version, kind), stores) in &self.types {
@@ -105,36 +113,37 @@ impl WatchedTypes {
                 if last == Some(version) {
                     continue;
                 }
-                let changed: Option<Vec<StatusKey>> = last
-                    .filter(|_| store.indexed_by_object_key())
-                    .and_then(|last| store.changes_since(last))
-                    .map(|keys| {
-                        keys.filter_map(|k| match k {
-                            [namespace, name] => Some((
-                                api_version.clone(),
-                                kind.clone(),
-                                namespace.clone(),
-                                name.clone(),
-                            )),
-                            _ => None,
-                        })
-                        .collect()
-                    });
-                let keys = changed.unwrap_or_else(|| {
-                    written
-                        .keys()
-                        .filter(|k| k.0 == *api_version && k.1 == *kind)
-                        .cloned()
-                        .collect()
-                });
-                for key in keys {
-                    let Some(was) = written.get(&key).and_then(&uid) else {
-                        continue;
-                    };
+                let mut check = |key: &StatusKey, w: &W| {
                     let object_key: ObjectKey = (key.2.clone(), key.3.clone());
-                    let now = store.get_by_key(&object_key).and_then(|o| uid_of(o));
-                    if now.is_some_and(|now| now != *was) {
-                        found.push(key);
+                    if store.get_by_key(&object_key).is_some_and(|o| stale(w, o)) {
+                        found.push(key.clone());
+                    }
+                };
+                let changed = last
+                    .filter(|_| store.indexed_by_object_key())
+                    .and_then(|last| store.changes_since(last));
+                match changed {
+                    Some(keys) => {
+                        for k in keys {
+                            if let [namespace, name] = k {
+                                let key = (
+                                    api_version.clone(),
+                                    kind.clone(),
+                                    namespace.clone(),
+                                    name.clone(),
+                                );
+                                if let Some(w) = written.get(&key) {
+                                    check(&key, w);
+                                }
+                            }
+                        }
+                    }
+                    None => {
+                        for (key, w) in written {
+                            if key.0 == *api_version && key.1 == *kind {
+                                check(key, w);
+                            }
+                        }
                     }
                 }
             }
@@ -202,7 +211,9 @@ mod tests {
                 .collect();
             let mut versions = BTreeMap::new();
             let mut recreated = |written: &mut BTreeMap<StatusKey, Option<Arc<str>>>| {
-                let found = watched.recreated(written, |u| u.as_ref(), &mut versions);
+                let found = watched.stale(written, &mut versions, |was, object| {
+                    was.is_some() && uid_of(object).is_some_and(|now| Some(now) != *was)
+                });
                 // As the status writer does: written again, to the new object.
                 for key in &found {
                     written.remove(key);
