@@ -927,6 +927,60 @@ fn webhook_denies_an_ingress_that_would_break_the_config() {
     c.wait_route("other.example.com", "/", 200, "web-1", DEADLINE);
 }
 
+/// A Secret can break its own Ingress's configuration for haproxy -c at any time (a certificate
+/// and a key that do not match), and no admission request shows it: that Ingress is left out,
+/// and the webhook neither denies another tenant's change for it nor names it to them.
+#[test]
+fn webhook_does_not_deny_a_change_for_another_objects_broken_secret() {
+    require("haproxy");
+    let mut c = Cluster::start(&[]);
+    c.apply_config(&c.config_object_with(&["base", "ssl", "ingress", "haproxytech"], ""));
+    c.enable_webhook();
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    let web = Backend::start("web-1");
+    c.create_service("web", &[&web]);
+    let b64 =
+        |file: &str| haptic_agent::base64::encode(&std::fs::read(c.certs.join(file)).unwrap());
+    let secret = |key: &str| {
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: x-tls, namespace: default}}\ntype: kubernetes.io/tls\n\
+             data: {{tls.crt: {}, tls.key: {}}}\n",
+            b64("controller.crt"),
+            b64(key)
+        )
+    };
+    let tls_ingress = format!(
+        "{}  tls: [{{hosts: [x.example.com], secretName: x-tls}}]\n",
+        ingress(
+            "x",
+            "x.example.com",
+            "web",
+            "haproxy.org/ssl-redirect: \"false\""
+        )
+    );
+    let (ok, out) = apply(&c, &secret("controller.key"));
+    assert!(ok, "{out}");
+    let (ok, out) = apply(&c, &tls_ingress);
+    assert!(ok, "{out}");
+    c.wait_route("x.example.com", "/", 200, "web-1", DEADLINE);
+    // The key no longer matches the certificate: haproxy -c refuses the Ingress's certificate.
+    let (ok, out) = apply(&c, &secret("agent.key"));
+    assert!(ok, "{out}");
+    c.wait_route("x.example.com", "/", 404, "", DEADLINE);
+    // Another tenant's new Ingress (a reload, so the webhook runs haproxy -c) is admitted.
+    let (ok, out) = apply(&c, &ingress("tenant-y", "y.example.com", "web", ""));
+    assert!(ok, "denied for another object's Secret: {out}");
+    assert!(
+        !out.contains("x-tls") && !out.contains("default/x"),
+        "{out}"
+    );
+    c.wait_route("y.example.com", "/", 200, "web-1", DEADLINE);
+    // A change that breaks the configuration itself is still denied.
+    let (ok, out) = apply(&c, &bad_ingress());
+    assert!(!ok, "{out}");
+}
+
 /// The webhook's port is open to the cluster (the API server's address is not known), and the
 /// webhook cannot tell the API server from any other peer. A HAProxyTemplateConfig posted
 /// straight to it, by anyone, is compiled and no more: its templates cannot print a tenant's

@@ -59,6 +59,24 @@ impl Classification {
         }
     }
 
+    /// Whether `haproxy -c` must vet the new bundle before it goes out: a reload, and a runtime
+    /// change that brings certificate material (HAProxy refuses a key that does not match its
+    /// certificate, or a PEM block it cannot read, where templates can check a certificate's
+    /// shape only). Server and map changes are left to the runtime API, which refuses what it
+    /// cannot apply without touching the rest.
+    pub fn needs_check(&self) -> bool {
+        match self {
+            Classification::NoChange => false,
+            Classification::Runtime(actions) => actions.iter().any(|a| {
+                matches!(
+                    a,
+                    RuntimeAction::SetCert { .. } | RuntimeAction::AddCrtListLine { .. }
+                )
+            }),
+            Classification::Reload(_) => true,
+        }
+    }
+
     pub fn reasons(&self) -> &[String] {
         match self {
             Classification::Reload(reasons) => reasons,

@@ -394,3 +394,33 @@ fn windowed_classification_equals_the_full_comparison() {
         "the edits include runtime-class changes ({runtime})"
     );
 }
+
+/// haproxy -c vets reloads and certificate material (a key that does not match its certificate
+/// is refused by HAProxy, not by templates), never server or map changes nor a removal.
+#[test]
+fn certificates_and_reloads_need_the_check_servers_and_maps_do_not() {
+    let swap = with(
+        BASE,
+        MAP,
+        LIST,
+        &[(FileKind::Cert, "ssl/b.pem", "CERT-B2\n")],
+    );
+    assert!(classify(&old(), &swap).needs_check());
+    let added = with(
+        BASE,
+        MAP,
+        "/etc/haproxy/ssl/default.pem\n/etc/haproxy/ssl/b.pem\n/etc/haproxy/ssl/c.pem c.example\n",
+        &[(FileKind::Cert, "ssl/c.pem", "CERT-C\n")],
+    );
+    assert!(classify(&old(), &added).needs_check());
+    let map = with(BASE, "b.example be_default\n", LIST, &[]);
+    assert!(matches!(classify(&old(), &map), Classification::Runtime(_)));
+    assert!(!classify(&old(), &map).needs_check());
+    let removed = with(BASE, MAP, "/etc/haproxy/ssl/default.pem\n", &[]);
+    let class = classify(&old(), &removed);
+    assert!(matches!(class, Classification::Runtime(_)), "{class:?}");
+    assert!(!class.needs_check(), "{class:?}");
+    assert!(!classify(&old(), &old()).needs_check());
+    let reload = with(&BASE.replace("bind :80", "bind :81"), MAP, LIST, &[]);
+    assert!(classify(&old(), &reload).needs_check());
+}

@@ -318,17 +318,14 @@ impl Reconciler {
             base_dir: None,
         };
         // Render (replaying unchanged units), then check with haproxy -c unless the change is
-        // runtime-only; objects whose configuration the check rejects are left out, and the
+        // runtime-only and brings no certificate (Classification::needs_check); objects whose configuration the check rejects are left out, and the
         // rest goes ahead (validate::isolate).
         // The classification of the bundle the loop settles on, kept for the deploy decision.
         let last = s.last_validated.as_ref();
         let mut last_class = None;
         let mut needs_check = |bundle: &Bundle| {
             let class = last.map(|old| classify(old, bundle));
-            let check = !matches!(
-                class,
-                Some(Classification::NoChange) | Some(Classification::Runtime(_))
-            );
+            let check = class.as_ref().is_none_or(Classification::needs_check);
             last_class = Some(class);
             check
         };

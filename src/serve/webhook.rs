@@ -26,7 +26,7 @@ use crate::render::{RenderCache, RenderInputs};
 use crate::store::{object_key, ObjectFilter};
 use crate::validate::haproxy::check_bundle;
 use crate::validate::isolate::{render_validated, Failure};
-use haptic_agent::classify::{classify, Classification};
+use haptic_agent::classify::classify;
 use haptic_agent::protocol::Bundle;
 use std::collections::BTreeSet;
 
@@ -391,7 +391,9 @@ impl Webhook {
         let mut cache = lock(&self.cache);
         let haproxy_bin = self.haproxy_bin.clone();
         let mut check = |b: &Bundle| check_bundle(&haproxy_bin, b);
-        let before = without.map(|stores| {
+        // Without the change, first rendered only: what the change's own render then leaves
+        // out, or fails on, is checked against this render with haproxy -c below.
+        let before = without.clone().map(|stores| {
             render_validated(
                 engine,
                 &inputs(stores),
@@ -400,23 +402,21 @@ impl Webhook {
                 &mut check,
             )
         });
+        let dropped_owners = |v: &crate::validate::isolate::Validated| {
+            v.rendered
+                .dropped
+                .iter()
+                .map(|d| d.owner.clone())
+                .collect::<BTreeSet<_>>()
+        };
         let (before_dropped, before_bundle) = match &before {
-            Some(Ok(v)) => (
-                v.rendered
-                    .dropped
-                    .iter()
-                    .map(|d| d.owner.clone())
-                    .collect::<BTreeSet<_>>(),
-                Some(v.bundle.clone()),
-            ),
+            Some(Ok(v)) => (dropped_owners(v), Some(v.bundle.clone())),
             _ => (BTreeSet::new(), None),
         };
         let mut needs_check = |b: &Bundle| match &before_bundle {
-            // A runtime-only difference changes nothing haproxy -c looks at.
-            Some(old) => !matches!(
-                classify(old, b),
-                Classification::NoChange | Classification::Runtime(_)
-            ),
+            // A runtime-only difference without certificates changes nothing haproxy -c would
+            // refuse.
+            Some(old) => classify(old, b).needs_check(),
             None => true,
         };
         let after = render_validated(
@@ -426,19 +426,46 @@ impl Webhook {
             &mut needs_check,
             &mut check,
         );
+        // The configuration without the change, checked: objects haproxy -c rejects were left
+        // out of it too (a Secret of another tenant's, which no admission request shows, can
+        // break its own Ingress's lines at any time), and are not this change's doing.
+        let checked_before = || {
+            without.map(|stores| {
+                render_validated(
+                    engine,
+                    &inputs(stores),
+                    &mut cache,
+                    &mut |_| true,
+                    &mut check,
+                )
+            })
+        };
         match after {
             Ok(v) => {
-                let introduced: Vec<String> = v
-                    .rendered
-                    .dropped
-                    .iter()
-                    .filter(|d| !before_dropped.contains(&d.owner))
-                    .map(|d| format!("{}: {}", d.owner, d.message))
-                    .collect();
-                if introduced.is_empty() {
+                let introduced = |before: &BTreeSet<crate::render::Owner>| -> Vec<String> {
+                    v.rendered
+                        .dropped
+                        .iter()
+                        .filter(|d| !before.contains(&d.owner))
+                        .map(|d| format!("{}: {}", d.owner, d.message))
+                        .collect()
+                };
+                let mut found = introduced(&before_dropped);
+                if !found.is_empty() {
+                    match checked_before() {
+                        Some(Ok(b)) => found = introduced(&dropped_owners(&b)),
+                        Some(Err(_)) => {
+                            return Err(Denial::Error(
+                                "the configuration fails without this change too".into(),
+                            ))
+                        }
+                        None => {}
+                    }
+                }
+                if found.is_empty() {
                     Ok(())
                 } else {
-                    Err(Denial::Invalid(introduced.join("; ")))
+                    Err(Denial::Invalid(found.join("; ")))
                 }
             }
             Err(_) if matches!(before, Some(Err(_))) => Err(Denial::Error(
@@ -449,9 +476,17 @@ impl Webhook {
             } else {
                 e.to_string()
             })),
-            Err(Failure::Check(crate::validate::haproxy::CheckError::Rejected { message })) => Err(
-                Denial::Invalid(format!("HAProxy would reject the configuration: {message}")),
-            ),
+            Err(Failure::Check(crate::validate::haproxy::CheckError::Rejected { message })) => {
+                match checked_before() {
+                    Some(Err(_)) => Err(Denial::Error(
+                        "the configuration fails without this change too".into(),
+                    )),
+                    _ => Err(Denial::Invalid(format!(
+                        "HAProxy would reject the configuration: {}",
+                        crate::validate::isolate::alert(&message)
+                    ))),
+                }
+            }
             Err(Failure::Check(crate::validate::haproxy::CheckError::CouldNotRun(m))) => {
                 Err(Denial::Error(m))
             }

@@ -121,7 +121,7 @@ pub(crate) fn render_validated(
 }
 
 /// The first alert of a `haproxy -c` message, without the check's temporary directory.
-fn alert(message: &str) -> String {
+pub(crate) fn alert(message: &str) -> String {
     let line = message
         .lines()
         .find(|l| l.contains("[ALERT]"))
