@@ -215,6 +215,21 @@ fn init(raw: &[String]) -> Result<(), String> {
     let text = std::fs::read(bootstrap).map_err(|e| format!("read {bootstrap}: {e}"))?;
     let state_dir = StateDir::new(&config_dir);
     let mut state = state_dir.load_state()?;
+    // An apply a stop interrupted (the node restarted while it ran) is not finished at the
+    // next start: this step replaces haproxy.cfg, so its journal no longer describes the disk,
+    // and finishing it would reload HAProxy with the bootstrap configuration while the agent
+    // reported the interrupted bundle as applied. Its files are left for the next apply,
+    // which replaces or deletes them (they join the manifest it cleans up after).
+    if let Some(journal) = state_dir.load_journal()? {
+        log::warn!(
+            "an apply was interrupted bundle={}; discarded, the next apply starts from the bootstrap configuration",
+            journal.bundle
+        );
+        for (path, entry) in journal.manifest {
+            state.files.entry(path).or_insert(entry);
+        }
+        state_dir.clear_journal()?;
+    }
     haptic_agent::state::write_atomic(&config_dir.join(haptic_agent::files::CONFIG_FILE), &text)?;
     state.bundle = None;
     state.config_sha256 = None;

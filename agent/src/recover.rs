@@ -38,7 +38,18 @@ impl Agent {
         let Some(journal) = self.state_dir.load_journal()? else {
             return Ok(());
         };
-        let finished = journal.phase == Phase::Committed && {
+        // Finished only while haproxy.cfg is the one the apply committed: anything else wrote
+        // it since (a bootstrap step), and a reload would load that under the bundle's name.
+        let committed = journal.phase == Phase::Committed
+            && hash_file(&self.root.join(CONFIG_FILE))?.as_deref()
+                == Some(journal.config_sha256.as_str());
+        if journal.phase == Phase::Committed && !committed {
+            log::warn!(
+                "haproxy.cfg changed since an interrupted apply committed it bundle={}; rolling back",
+                journal.bundle
+            );
+        }
+        let finished = committed && {
             match self.haproxy.reload() {
                 Ok(outcome) => {
                     log::info!(

@@ -229,6 +229,96 @@ fn haproxy_restarted_with_the_bootstrap_config_reports_bootstrap() {
     assert_eq!(probe(&env.ip, env.probe_port, "/readyz").unwrap().0, 200);
 }
 
+/// A pod restarted while an apply ran (a node reboot with the journal committed): the init step
+/// writes the bootstrap configuration, so the interrupted apply is discarded, not finished. The
+/// agent reports bootstrap mode (the controller pushes in full), never the interrupted bundle
+/// while HAProxy would run the bootstrap configuration.
+#[test]
+fn init_after_an_interrupted_apply_leaves_the_agent_in_bootstrap_mode() {
+    let mut env = Env::start(Options::default());
+    let v1 = bundle(&env, 1);
+    env.apply(&v1, "reload");
+    let mut v2 = bundle(&env, 2);
+    v2.files
+        .push(file(FileKind::General, "general/new.txt", "new\n"));
+    let v2 = Bundle::new(v2.haproxy_cfg, v2.files);
+    env.stop_agent();
+    env.start_agent(&[("HAPTIC_AGENT_FAULT", "after-commit")]);
+    let body = serde_json::to_vec(&v2.to_wire()).unwrap();
+    assert!(env
+        .client
+        .put(&env.url("/v1/bundle"))
+        .send(&body[..])
+        .is_err());
+    assert_eq!(
+        env.agent
+            .as_mut()
+            .unwrap()
+            .wait_exit(Duration::from_secs(10)),
+        86
+    );
+    env.agent = None;
+    assert!(env.cfg_dir.join(".haptic/journal.json").exists());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
+        .arg("init")
+        .arg("--bootstrap")
+        .arg(env.cfg_dir.join("bootstrap.cfg"))
+        .arg("--config-dir")
+        .arg(&env.cfg_dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!env.cfg_dir.join(".haptic/journal.json").exists());
+    env.start_agent(&[]);
+    let state = env.state();
+    assert!(state["bundle"].is_null(), "{state:#}");
+    assert_eq!(env.disk("haproxy.cfg").unwrap(), env.bootstrap_cfg());
+    // The next push applies in full, and the interrupted apply's files are the bundle's again.
+    env.apply(&v2, "reload");
+    assert_eq!(env.state()["bundle"], v2.hash().as_str());
+    assert_eq!(http_get(&env.fe, "x.example").unwrap(), "v2");
+    assert_eq!(env.disk("general/new.txt").unwrap(), "new\n");
+}
+
+/// An interrupted apply is finished at start only while haproxy.cfg is the one it committed:
+/// written over since, the apply is rolled back instead of reloading HAProxy with that file
+/// under the bundle's name.
+#[test]
+fn an_interrupted_apply_whose_config_was_overwritten_is_rolled_back() {
+    let mut env = Env::start(Options::default());
+    let v1 = bundle(&env, 1);
+    env.apply(&v1, "reload");
+    let cfg_v1 = env.disk("haproxy.cfg").unwrap();
+    let v2 = bundle(&env, 2);
+    env.stop_agent();
+    env.start_agent(&[("HAPTIC_AGENT_FAULT", "after-commit")]);
+    let body = serde_json::to_vec(&v2.to_wire()).unwrap();
+    assert!(env
+        .client
+        .put(&env.url("/v1/bundle"))
+        .send(&body[..])
+        .is_err());
+    assert_eq!(
+        env.agent
+            .as_mut()
+            .unwrap()
+            .wait_exit(Duration::from_secs(10)),
+        86
+    );
+    env.agent = None;
+    std::fs::write(env.cfg_dir.join("haproxy.cfg"), env.bootstrap_cfg()).unwrap();
+    env.start_agent(&[]);
+    let state = env.state();
+    assert_eq!(state["bundle"], v1.hash().as_str(), "{state:#}");
+    assert_eq!(state["last_apply"]["result"], "failed", "{state:#}");
+    assert_eq!(env.disk("haproxy.cfg").unwrap(), cfg_v1);
+    assert_eq!(http_get(&env.fe, "x.example").unwrap(), "v1");
+}
+
 #[test]
 fn init_writes_the_bootstrap_config_and_keeps_the_epoch() {
     let env = Env::start(Options::default());
