@@ -2524,6 +2524,9 @@ fn gateway_cors_filters_answer_preflights_and_mark_allowed_answers() {
     - matches: [{path: {type: PathPrefix, value: /wild}}]
       filters: [{type: CORS, cors: {allowOrigins: ["*"], allowMethods: ["*"], allowHeaders: ["*"], exposeHeaders: ["*"]}}]
       backendRefs: [{name: web, port: 80}]
+    - matches: [{path: {type: PathPrefix, value: /none}}]
+      filters: [{type: CORS, cors: {allowCredentials: true, allowMethods: [GET]}}]
+      backendRefs: [{name: web, port: 80}]
     - matches: [{path: {type: PathPrefix, value: /plain}}]
       backendRefs: [{name: web, port: 80}]
 "#,
@@ -2596,6 +2599,27 @@ fn gateway_cors_filters_answer_preflights_and_mark_allowed_answers() {
         );
         assert_eq!(h(&r, "access-control-allow-credentials"), None, "{r:?}");
     }
+    // Two Origin headers, one allowed: neither is echoed.
+    let r = p.http_with(
+        "cors.test",
+        "/cors-1",
+        &[
+            "-H",
+            "Origin: https://www.foo.com",
+            "-H",
+            "Origin: https://evil.test",
+        ],
+    );
+    assert_eq!(h(&r, "access-control-allow-origin"), None, "{r:?}");
+    assert_eq!(h(&r, "access-control-allow-credentials"), None, "{r:?}");
+    // No origin listed allows none, credentials or not.
+    let r = preflight(p, "cors.test", "/none", "https://www.foo.com", "GET", &[]);
+    assert!(matches!(r.status, 200 | 204 | 403), "{r:?}");
+    assert_eq!(h(&r, "access-control-allow-origin"), None, "{r:?}");
+    let r = p.http_with("cors.test", "/none", &["-H", "Origin: https://www.foo.com"]);
+    assert_eq!((r.status, r.backend()), (200, Some("web")), "{r:?}");
+    assert_eq!(h(&r, "access-control-allow-origin"), None, "{r:?}");
+    assert_eq!(h(&r, "access-control-allow-credentials"), None, "{r:?}");
     // allowMethods ["*"] without credentials; no Access-Control-Allow-Credentials.
     let r = preflight(
         p,
