@@ -976,9 +976,28 @@ fn webhook_does_not_deny_a_change_for_another_objects_broken_secret() {
         "{out}"
     );
     c.wait_route("y.example.com", "/", 200, "web-1", DEADLINE);
-    // A change that breaks the configuration itself is still denied.
+    // A change that breaks the configuration itself is still denied: a value the templates
+    // refuse, and an Ingress whose own certificate haproxy -c refuses (named, alone).
     let (ok, out) = apply(&c, &bad_ingress());
     assert!(!ok, "{out}");
+    let (ok, out) = apply(&c, &secret("agent.key").replace("x-tls", "z-tls"));
+    assert!(ok, "{out}");
+    let z = format!(
+        "{}  tls: [{{hosts: [z.example.com], secretName: z-tls}}]\n",
+        ingress(
+            "z",
+            "z.example.com",
+            "web",
+            "haproxy.org/ssl-redirect: \"false\""
+        )
+    );
+    let (ok, out) = apply(&c, &z);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("Ingress default/z: haproxy -c rejected"),
+        "{out}"
+    );
+    assert!(!out.contains("default/x"), "{out}");
 }
 
 /// The webhook's port is open to the cluster (the API server's address is not known), and the

@@ -440,6 +440,17 @@ impl RenderCache {
         self.excluded.remove(owner);
     }
 
+    /// The exclusions as they are now, to [`RenderCache::restore_exclusions`] later.
+    pub fn exclusions(&self) -> HashMap<Owner, String> {
+        self.excluded.clone()
+    }
+
+    /// Puts back exclusions taken with [`RenderCache::exclusions`]: a render for another state
+    /// of the stores (the webhook's, without a change) does not inherit those made since.
+    pub fn restore_exclusions(&mut self, exclusions: HashMap<Owner, String>) {
+        self.excluded = exclusions;
+    }
+
     pub fn excluded(&self) -> impl Iterator<Item = (&Owner, &str)> {
         self.excluded.iter().map(|(k, r)| (k, r.as_str()))
     }

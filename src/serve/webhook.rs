@@ -419,6 +419,9 @@ impl Webhook {
             Some(old) => classify(old, b).needs_check(),
             None => true,
         };
+        // Exclusions (owners whose lines haproxy -c refused) as they are without the change:
+        // the render with it may add some, which must not carry over to the check below.
+        let exclusions = cache.exclusions();
         let after = render_validated(
             engine,
             &inputs(stores),
@@ -429,30 +432,30 @@ impl Webhook {
         // The configuration without the change, checked: objects haproxy -c rejects were left
         // out of it too (a Secret of another tenant's, which no admission request shows, can
         // break its own Ingress's lines at any time), and are not this change's doing.
-        let checked_before = || {
+        let checked_before = |cache: &mut crate::render::RenderCache| {
+            cache.restore_exclusions(exclusions);
             without.map(|stores| {
-                render_validated(
-                    engine,
-                    &inputs(stores),
-                    &mut cache,
-                    &mut |_| true,
-                    &mut check,
-                )
+                render_validated(engine, &inputs(stores), cache, &mut |_| true, &mut check)
             })
         };
         match after {
             Ok(v) => {
-                let introduced = |before: &BTreeSet<crate::render::Owner>| -> Vec<String> {
-                    v.rendered
-                        .dropped
-                        .iter()
-                        .filter(|d| !before.contains(&d.owner))
-                        .map(|d| format!("{}: {}", d.owner, d.message))
-                        .collect()
-                };
+                let introduced =
+                    |before: &BTreeSet<crate::render::Owner>| -> Vec<&crate::render::Dropped> {
+                        v.rendered
+                            .dropped
+                            .iter()
+                            .filter(|d| !before.contains(&d.owner))
+                            .collect()
+                    };
                 let mut found = introduced(&before_dropped);
-                if !found.is_empty() {
-                    match checked_before() {
+                // Left out by haproxy -c (the others were refused by the templates, which the
+                // render without the change already ran): compared with a checked render.
+                let by_check = found
+                    .iter()
+                    .any(|d| cache.excluded().any(|(owner, _)| *owner == d.owner));
+                if by_check {
+                    match checked_before(&mut cache) {
                         Some(Ok(b)) => found = introduced(&dropped_owners(&b)),
                         Some(Err(_)) => {
                             return Err(Denial::Error(
@@ -465,7 +468,11 @@ impl Webhook {
                 if found.is_empty() {
                     Ok(())
                 } else {
-                    Err(Denial::Invalid(found.join("; ")))
+                    let reasons: Vec<String> = found
+                        .iter()
+                        .map(|d| format!("{}: {}", d.owner, d.message))
+                        .collect();
+                    Err(Denial::Invalid(reasons.join("; ")))
                 }
             }
             Err(_) if matches!(before, Some(Err(_))) => Err(Denial::Error(
@@ -477,7 +484,7 @@ impl Webhook {
                 e.to_string()
             })),
             Err(Failure::Check(crate::validate::haproxy::CheckError::Rejected { message })) => {
-                match checked_before() {
+                match checked_before(&mut cache) {
                     Some(Err(_)) => Err(Denial::Error(
                         "the configuration fails without this change too".into(),
                     )),
