@@ -228,13 +228,28 @@ fn init(raw: &[String]) -> Result<(), String> {
         for (path, entry) in journal.manifest {
             state.files.entry(path).or_insert(entry);
         }
-        state_dir.clear_journal()?;
     }
     haptic_agent::state::write_atomic(&config_dir.join(haptic_agent::files::CONFIG_FILE), &text)?;
     state.bundle = None;
     state.config_sha256 = None;
     state.master_pid = None;
+    // The state (with the manifest the next apply cleans up after) before the journal goes:
+    // stopped in between, the next init finds the journal again.
     state_dir.save_state(&state)?;
+    state_dir.clear_journal()?;
+    // Backups and staged files of an interrupted apply (private keys among them) are not kept.
+    let disk = haptic_agent::files::Disk {
+        root: config_dir.clone(),
+        stage: state_dir.stage(),
+        prev: state_dir.prev(),
+    };
+    disk.clean_work_areas()?;
+    let next = config_dir.join(haptic_agent::files::NEXT_CONFIG_FILE);
+    if let Err(e) = std::fs::remove_file(&next) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(format!("remove {}: {e}", next.display()));
+        }
+    }
     log::info!(
         "wrote bootstrap configuration to {}",
         config_dir.join("haproxy.cfg").display()

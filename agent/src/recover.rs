@@ -39,17 +39,30 @@ impl Agent {
             return Ok(());
         };
         // Finished only while haproxy.cfg is the one the apply committed: anything else wrote
-        // it since (a bootstrap step), and a reload would load that under the bundle's name.
-        let committed = journal.phase == Phase::Committed
+        // it since, and a reload would load that under the bundle's name. Then the agent knows
+        // neither bundle to be on disk: it starts in bootstrap mode (the controller pushes in
+        // full), leaving haproxy.cfg as it is, and the files of both manifests for the next
+        // apply to replace or delete.
+        if journal.phase == Phase::Committed
             && hash_file(&self.root.join(CONFIG_FILE))?.as_deref()
-                == Some(journal.config_sha256.as_str());
-        if journal.phase == Phase::Committed && !committed {
+                != Some(journal.config_sha256.as_str())
+        {
             log::warn!(
-                "haproxy.cfg changed since an interrupted apply committed it bundle={}; rolling back",
+                "haproxy.cfg changed since an interrupted apply committed it bundle={}; mode=bootstrap",
                 journal.bundle
             );
+            let p = &mut inner.persisted;
+            for (path, entry) in &journal.manifest {
+                p.files.entry(path.clone()).or_insert_with(|| entry.clone());
+            }
+            p.bundle = None;
+            p.config_sha256 = None;
+            inner.applied = None;
+            self.state_dir.save_state(p)?;
+            self.state_dir.clear_journal()?;
+            return self.disk.clean_work_areas();
         }
-        let finished = committed && {
+        let finished = journal.phase == Phase::Committed && {
             match self.haproxy.reload() {
                 Ok(outcome) => {
                     log::info!(

@@ -273,6 +273,11 @@ fn init_after_an_interrupted_apply_leaves_the_agent_in_bootstrap_mode() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!env.cfg_dir.join(".haptic/journal.json").exists());
+    assert!(
+        !env.cfg_dir.join(".haptic/prev").exists(),
+        "no backups kept"
+    );
+    assert!(!env.cfg_dir.join("haproxy.cfg.next").exists());
     env.start_agent(&[]);
     let state = env.state();
     assert!(state["bundle"].is_null(), "{state:#}");
@@ -285,10 +290,10 @@ fn init_after_an_interrupted_apply_leaves_the_agent_in_bootstrap_mode() {
 }
 
 /// An interrupted apply is finished at start only while haproxy.cfg is the one it committed:
-/// written over since, the apply is rolled back instead of reloading HAProxy with that file
-/// under the bundle's name.
+/// written over since, the agent knows neither bundle to be on disk and starts in bootstrap
+/// mode, instead of reloading HAProxy with that file under the bundle's name.
 #[test]
-fn an_interrupted_apply_whose_config_was_overwritten_is_rolled_back() {
+fn an_interrupted_apply_whose_config_was_overwritten_starts_in_bootstrap_mode() {
     let mut env = Env::start(Options::default());
     let v1 = bundle(&env, 1);
     env.apply(&v1, "reload");
@@ -313,10 +318,13 @@ fn an_interrupted_apply_whose_config_was_overwritten_is_rolled_back() {
     std::fs::write(env.cfg_dir.join("haproxy.cfg"), env.bootstrap_cfg()).unwrap();
     env.start_agent(&[]);
     let state = env.state();
-    assert_eq!(state["bundle"], v1.hash().as_str(), "{state:#}");
-    assert_eq!(state["last_apply"]["result"], "failed", "{state:#}");
-    assert_eq!(env.disk("haproxy.cfg").unwrap(), cfg_v1);
-    assert_eq!(http_get(&env.fe, "x.example").unwrap(), "v1");
+    assert!(state["bundle"].is_null(), "{state:#}");
+    assert_ne!(env.disk("haproxy.cfg").unwrap(), cfg_v1);
+    assert!(!env.cfg_dir.join(".haptic/journal.json").exists());
+    assert!(!env.cfg_dir.join(".haptic/prev").exists());
+    env.apply(&v2, "reload");
+    assert_eq!(env.state()["bundle"], v2.hash().as_str());
+    assert_eq!(http_get(&env.fe, "x.example").unwrap(), "v2");
 }
 
 #[test]
