@@ -1000,6 +1000,48 @@ fn webhook_does_not_deny_a_change_for_another_objects_broken_secret() {
     assert!(!out.contains("default/x"), "{out}");
 }
 
+/// A tenant's regular expression that the templates' checks accept and HAProxy's PCRE refuses
+/// (a compiled size above 64 KiB) reaches only a map: a runtime change, which the controller
+/// checks because HAProxy parses that map. The Ingress is left out, and every other change
+/// keeps flowing; unchecked, every agent's own check refused every later bundle.
+#[test]
+fn a_regex_pcre_refuses_in_a_map_leaves_its_ingress_out_and_blocks_no_one() {
+    require("haproxy");
+    let mut c = Cluster::start(&[]);
+    c.apply_config(&c.config_object_with(&["base", "ingress", "haproxy-ingress"], ""));
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    let web = Backend::start("web-1");
+    c.create_service("web", &[&web]);
+    let regex_ingress = |path: &str| {
+        ingress(
+            "rx",
+            "rx.example.com",
+            "web",
+            "haproxy-ingress.github.io/path-type: regex",
+        )
+        .replace("      - path: /\n", &format!("      - path: '{path}'\n"))
+        .replace("pathType: Prefix", "pathType: ImplementationSpecific")
+    };
+    let (ok, out) = apply(&c, &regex_ingress("/api/v[0-9]+"));
+    assert!(ok, "{out}");
+    let (ok, out) = apply(&c, &ingress("web", "web.example.com", "web", ""));
+    assert!(ok, "{out}");
+    c.wait_route("rx.example.com", "/api/v2", 200, "web-1", DEADLINE);
+    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
+    let (ok, out) = apply(&c, &regex_ingress("/(?:[a-z]x){5000}"));
+    assert!(ok, "{out}");
+    c.wait_route("rx.example.com", "/api/v2", 404, "", DEADLINE);
+    // Others' changes go out: a new Ingress (a map entry, another runtime change).
+    let (ok, out) = apply(&c, &ingress("other", "other.example.com", "web", ""));
+    assert!(ok, "{out}");
+    c.wait_route("other.example.com", "/", 200, "web-1", DEADLINE);
+    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
+    let log = c.controller_log("ctrl-a");
+    assert!(log.contains("leaving Ingress default/rx out"), "{log}");
+    assert!(!log.contains("422"), "an agent refused a bundle: {log}");
+}
+
 /// The webhook's port is open to the cluster (the API server's address is not known), and the
 /// webhook cannot tell the API server from any other peer. A HAProxyTemplateConfig posted
 /// straight to it, by anyone, is compiled and no more: its templates cannot print a tenant's

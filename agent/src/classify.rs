@@ -60,17 +60,21 @@ impl Classification {
     }
 
     /// Whether `haproxy -c` must vet the new bundle before it goes out: a reload, and a runtime
-    /// change that brings certificate material (HAProxy refuses a key that does not match its
-    /// certificate, or a PEM block it cannot read, where templates can check a certificate's
-    /// shape only). Server and map changes are left to the runtime API, which refuses what it
-    /// cannot apply without touching the rest.
+    /// change that brings content HAProxy parses and may refuse where templates could not tell
+    /// (a key that does not match its certificate, a PEM block it cannot read; a map of regular
+    /// expressions, addresses or numbers: PCRE refuses patterns the templates' checks accept,
+    /// such as a quantifier above 65535 or a compiled size above 64 KiB). Such a bundle sent
+    /// unchecked would be refused by every agent's own check, holding back every later change.
+    /// Server changes and maps of plain strings need none.
     pub fn needs_check(&self) -> bool {
         match self {
             Classification::NoChange => false,
             Classification::Runtime(actions) => actions.iter().any(|a| {
                 matches!(
                     a,
-                    RuntimeAction::SetCert { .. } | RuntimeAction::AddCrtListLine { .. }
+                    RuntimeAction::SetCert { .. }
+                        | RuntimeAction::AddCrtListLine { .. }
+                        | RuntimeAction::ReplaceMap { parsed: true, .. }
                 )
             }),
             Classification::Reload(_) => true,
@@ -92,7 +96,13 @@ pub enum RuntimeAction {
     /// A single-line command with a one-line reply (`set server …`).
     Command(String),
     /// Atomic replacement of a map's entries: `prepare map`, `add map @V … <<`, `commit map @V`.
-    ReplaceMap { name: String, path: String },
+    /// `parsed`: HAProxy parses its keys or values (a regular expression, an address, a
+    /// number): one it cannot read fails the whole map.
+    ReplaceMap {
+        name: String,
+        path: String,
+        parsed: bool,
+    },
     /// New certificate content: (`new ssl cert` when `new_store`), `set ssl cert <<`,
     /// `commit ssl cert`.
     SetCert {
@@ -114,7 +124,7 @@ impl RuntimeAction {
     pub fn describe(&self) -> Vec<String> {
         match self {
             RuntimeAction::Command(c) => vec![c.clone()],
-            RuntimeAction::ReplaceMap { name, path } => vec![
+            RuntimeAction::ReplaceMap { name, path, .. } => vec![
                 format!("prepare map {name}"),
                 format!("add map @V {name} <<(entries of {path})"),
                 format!("commit map @V {name}"),
@@ -470,6 +480,7 @@ fn changed_file(
             if refs.iter().all(|r| r.is_map()) {
                 for r in refs {
                     plan.maps.push(RuntimeAction::ReplaceMap {
+                        parsed: r.map_parses(),
                         name: r.name,
                         path: path.into(),
                     });

@@ -173,7 +173,8 @@ fn map_content_change_is_an_atomic_runtime_replace() {
         c,
         Classification::Runtime(vec![RuntimeAction::ReplaceMap {
             name: "/etc/haproxy/maps/host.map".into(),
-            path: "maps/host.map".into()
+            path: "maps/host.map".into(),
+            parsed: false,
         }])
     );
 }
@@ -395,10 +396,11 @@ fn windowed_classification_equals_the_full_comparison() {
     );
 }
 
-/// haproxy -c vets reloads and certificate material (a key that does not match its certificate
-/// is refused by HAProxy, not by templates), never server or map changes nor a removal.
+/// haproxy -c vets reloads, certificate material (a key that does not match its certificate is
+/// refused by HAProxy, not by templates) and maps HAProxy parses (regular expressions,
+/// addresses, numbers); never server changes, maps of plain strings, nor a removal.
 #[test]
-fn certificates_and_reloads_need_the_check_servers_and_maps_do_not() {
+fn certificates_parsed_maps_and_reloads_need_the_check_servers_and_string_maps_do_not() {
     let swap = with(
         BASE,
         MAP,
@@ -423,4 +425,38 @@ fn certificates_and_reloads_need_the_check_servers_and_maps_do_not() {
     assert!(!classify(&old(), &old()).needs_check());
     let reload = with(&BASE.replace("bind :80", "bind :81"), MAP, LIST, &[]);
     assert!(classify(&old(), &reload).needs_check());
+    // A map HAProxy parses: regular expressions, addresses, numbers.
+    for converter in [
+        "map_reg",
+        "map_regm",
+        "map_ip",
+        "map_int",
+        "map_str_int",
+        "map_beg_ip",
+    ] {
+        let cfg = BASE.replace("map(/etc", &format!("{converter}(/etc"));
+        let (o, n) = (
+            with(&cfg, MAP, LIST, &[]),
+            with(&cfg, "^b\\. x\n", LIST, &[]),
+        );
+        let class = classify(&o, &n);
+        assert!(
+            matches!(class, Classification::Runtime(_)),
+            "{converter}: {class:?}"
+        );
+        assert!(class.needs_check(), "{converter}");
+    }
+    for converter in [
+        "map_str",
+        "map_beg",
+        "map_end",
+        "map_dom",
+        "map_sub",
+        "map_dir",
+        "map_beg_str",
+    ] {
+        let cfg = BASE.replace("map(/etc", &format!("{converter}(/etc"));
+        let (o, n) = (with(&cfg, MAP, LIST, &[]), with(&cfg, "b x\n", LIST, &[]));
+        assert!(!classify(&o, &n).needs_check(), "{converter}");
+    }
 }

@@ -336,6 +336,26 @@ pub struct Reference {
 }
 
 impl Reference {
+    /// For a map reference: whether HAProxy parses the map's keys or values as more than
+    /// strings (`map_reg`, `map_ip`, `map_int`, an `_int`/`_ip`/`_dbl` output, …). Only
+    /// `map`, `map_str`, `map_beg`, `map_sub`, `map_dir`, `map_dom` and `map_end`, with string
+    /// output, read them as they are.
+    pub fn map_parses(&self) -> bool {
+        let converter = self
+            .context
+            .strip_suffix('(')
+            .and_then(|b| {
+                b.rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .next()
+            })
+            .unwrap_or("");
+        let plain = [
+            "map", "map_str", "map_beg", "map_sub", "map_dir", "map_dom", "map_end",
+        ];
+        !plain.contains(&converter.strip_suffix("_str").unwrap_or(converter))
+            && !plain.contains(&converter)
+    }
+
     /// Whether this reference loads the file as a map (`map(…)`, `map_beg(…)`, …).
     pub fn is_map(&self) -> bool {
         let Some(before) = self.context.strip_suffix('(') else {

@@ -75,7 +75,7 @@ impl Run<'_> {
                 })?;
                 Ok(())
             }
-            RuntimeAction::ReplaceMap { name, path } => {
+            RuntimeAction::ReplaceMap { name, path, .. } => {
                 self.replace_map(name, content(bundle, path)?)
             }
             RuntimeAction::SetCert {
