@@ -363,11 +363,21 @@ fn confinable(b: &[u8]) -> Result<(), String> {
 fn quantifier(b: &[u8], i: usize) -> Result<usize, String> {
     let mut end = match b[i] {
         b'{' => {
-            i + 1
-                + b[i..]
-                    .iter()
-                    .position(|&c| c == b'}')
-                    .unwrap_or(b.len() - i - 1)
+            let close = b[i..]
+                .iter()
+                .position(|&c| c == b'}')
+                .unwrap_or(b.len() - i - 1);
+            // PCRE refuses a count above 65535 (the `regex` crate takes it).
+            let counts = std::str::from_utf8(&b[i + 1..i + close]).unwrap_or("");
+            if counts
+                .split(',')
+                .any(|n| n.trim().parse::<u64>().is_ok_and(|n| n > 65535) || n.len() > 6)
+            {
+                return Err(
+                    "has a repetition count above 65535, which HAProxy's PCRE refuses".into(),
+                );
+            }
+            i + 1 + close
         }
         _ => i + 1,
     };
@@ -1005,6 +1015,13 @@ mod tests {
         assert!(no(hregex(Value::from("(a"), F))
             .contains("not a valid regular expression: unclosed group"));
         assert!(no(hregex(Value::from("a(?=b)"), F)).contains("look-around"));
+        // Counts PCRE refuses, also where the `regex` crate's own limits let them through.
+        for big in ["a{65536}", "(?:){70000}", "(?:){0,65536}", "a{1,9999999}"] {
+            no(hregex(Value::from(big), F));
+        }
+        assert!(no(hregex(Value::from("(?:){70000}"), F)).contains("above 65535"));
+        assert!(hregex(Value::from("a{2,3}"), F).is_ok());
+        assert!(hregex(Value::from("(?:ab|cd){3000}"), F).is_ok());
         assert!(no(hregex(Value::from(r"[[a]x)|.*|(?:y]"), F)).contains("inside a character class"));
         no(hregex(Value::from("a".repeat(1025)), F));
     }
