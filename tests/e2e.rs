@@ -1042,6 +1042,38 @@ fn a_regex_pcre_refuses_in_a_map_leaves_its_ingress_out_and_blocks_no_one() {
     assert!(!log.contains("422"), "an agent refused a bundle: {log}");
 }
 
+/// The API server opens one connection per review it sends at once: writes of many objects
+/// together (a GitOps sync) reach the webhook as more connections from one address than its
+/// per-address share. They wait for a slot instead of being closed (a closed call is a refused
+/// write under `failurePolicy: Fail`), and every write is admitted.
+#[test]
+fn webhook_admits_many_writes_at_once_from_the_api_server() {
+    let (c, _web) = routed_cluster(true);
+    let res = ResourceRef::new("networking.k8s.io/v1", "ingresses", true);
+    let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
+        let calls: Vec<_> = (0..40)
+            .map(|i| {
+                let (c, res) = (&c, &res);
+                scope.spawn(move || {
+                    let body = json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+                        "metadata": {"name": format!("burst-{i}"), "namespace": NS},
+                        "spec": {"ingressClassName": "haproxy", "rules": [{"host": format!("burst-{i}.example.com"),
+                            "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                                "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}]}});
+                    c.client
+                        .create(res, Some(NS), &body)
+                        .map(|_| ())
+                        .map_err(|e| format!("burst-{i}: {e}"))
+                })
+            })
+            .collect();
+        calls.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+    c.wait_route("burst-39.example.com", "/", 200, "web-1", DEADLINE);
+}
+
 /// The webhook's port is open to the cluster (the API server's address is not known), and the
 /// webhook cannot tell the API server from any other peer. A HAProxyTemplateConfig posted
 /// straight to it, by anyone, is compiled and no more: its templates cannot print a tenant's

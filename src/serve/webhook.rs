@@ -93,6 +93,8 @@ struct Webhook {
     cache: Mutex<RenderCache>,
     /// Reviews of watched objects render one at a time, peers in rotation.
     turns: super::turns::Turns,
+    /// Request bodies held at once.
+    budget: Budget,
 }
 
 /// Connections served at once, and from one peer address.
@@ -132,6 +134,7 @@ pub(crate) fn start(
         haproxy_bin,
         cache: Mutex::new(RenderCache::new()),
         turns: Default::default(),
+        budget: Budget::default(),
     });
     // Bounded overall and per peer address: in-cluster peers without a certificate the API
     // server trusts can reach this port, and must not be able to take its threads.
@@ -139,33 +142,154 @@ pub(crate) fn start(
     std::thread::Builder::new()
         .name("webhook".into())
         .spawn(move || {
+            let mut waiting = Waiting::default();
             while !stop.load(Ordering::Relaxed) {
                 match listener.accept() {
-                    Ok((stream, peer)) => {
-                        let admitted = match gate.admit(peer.ip().to_canonical()) {
-                            Ok(a) => a,
-                            Err(why) => {
-                                log::debug!("webhook: refusing connection peer={peer}: {why}");
-                                continue;
-                            }
-                        };
-                        let (tls, webhook) = (tls.clone(), webhook.clone());
-                        let _ = std::thread::Builder::new()
-                            .name("webhook-conn".into())
-                            .spawn(move || {
-                                serve_conn(stream, &tls, &webhook);
-                                drop(admitted);
-                            });
-                    }
+                    Ok((stream, peer)) => waiting.push(stream, peer.ip().to_canonical()),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(50))
+                        // Sooner while connections wait for a slot.
+                        let pause = if waiting.is_empty() { 50 } else { 5 };
+                        std::thread::sleep(Duration::from_millis(pause))
                     }
                     Err(e) => log::warn!("webhook accept: {e}"),
+                }
+                for (stream, admitted) in waiting.admit(&gate, Instant::now()) {
+                    let (tls, webhook) = (tls.clone(), webhook.clone());
+                    let _ = std::thread::Builder::new()
+                        .name("webhook-conn".into())
+                        .spawn(move || {
+                            serve_conn(stream, &tls, &webhook);
+                            drop(admitted);
+                        });
                 }
             }
         })
         .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+/// Connections beyond their peer's share of the gate wait for a slot, oldest first, instead of
+/// being closed: the API server opens one connection per review it sends at once (more than
+/// `MAX_PER_PEER` when many objects are written together), and a closed one is a failed call,
+/// which `failurePolicy: Fail` turns into a refused write. Bounded per peer and overall, so a
+/// flooding peer neither holds more than its share nor keeps others' connections out.
+#[derive(Default)]
+struct Waiting {
+    queue: std::collections::VecDeque<(TcpStream, IpAddr, Instant)>,
+    per_peer: std::collections::HashMap<IpAddr, usize>,
+}
+
+/// Connections waiting for a slot: overall, and from one address.
+const MAX_WAITING: usize = 256;
+const MAX_WAITING_PER_PEER: usize = 64;
+/// The longest a connection waits for a slot (the API server's default timeout is 10 s).
+const MAX_WAIT_FOR_SLOT: Duration = Duration::from_secs(10);
+
+impl Waiting {
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    fn push(&mut self, stream: TcpStream, peer: IpAddr) {
+        let from_peer = self.per_peer.entry(peer).or_default();
+        if self.queue.len() >= MAX_WAITING || *from_peer >= MAX_WAITING_PER_PEER {
+            log::debug!("webhook: refusing connection peer={peer}: too many waiting");
+            return;
+        }
+        *from_peer += 1;
+        self.queue.push_back((stream, peer, Instant::now()));
+    }
+
+    /// The connections that got a slot now; those that waited too long are closed.
+    fn admit(
+        &mut self,
+        gate: &Arc<ConnectionGate>,
+        now: Instant,
+    ) -> Vec<(TcpStream, haptic_agent::accept::Admitted)> {
+        let mut admitted = Vec::new();
+        let mut kept = std::collections::VecDeque::with_capacity(self.queue.len());
+        while let Some((stream, peer, since)) = self.queue.pop_front() {
+            let slot = gate.admit(peer);
+            let done = match slot {
+                Ok(slot) => {
+                    admitted.push((stream, slot));
+                    true
+                }
+                Err(why) if now.duration_since(since) >= MAX_WAIT_FOR_SLOT => {
+                    log::debug!("webhook: closing connection peer={peer}: {why} for too long");
+                    true
+                }
+                Err(_) => {
+                    kept.push_back((stream, peer, since));
+                    false
+                }
+            };
+            if done {
+                if let Some(n) = self.per_peer.get_mut(&peer) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.per_peer.remove(&peer);
+                    }
+                }
+            }
+        }
+        self.queue = kept;
+        admitted
+    }
+}
+
+/// Bytes of request bodies held at once by the reviews, and the largest body. A review's JSON
+/// grows many times when parsed (a list of small numbers, 16 times): unbounded, peers that
+/// reach the port (open to the cluster) could exhaust the controller's memory with concurrent
+/// large bodies. A body waits for room, then holds it until its answer is written.
+const BODY_BUDGET: usize = 12 << 20;
+/// An object and its old version, each at most the 3 MiB the API server accepts.
+const MAX_BODY: usize = 6 << 20;
+/// The longest a body waits for room.
+const MAX_WAIT_FOR_ROOM: Duration = Duration::from_secs(10);
+
+#[derive(Default)]
+struct Budget {
+    used: Mutex<usize>,
+    freed: std::sync::Condvar,
+}
+
+/// Room taken in the [`Budget`]; given back when dropped.
+struct Room<'a> {
+    budget: &'a Budget,
+    bytes: usize,
+}
+
+impl Budget {
+    /// Room for `bytes` out of `capacity`, waiting until `deadline` at most.
+    fn take(&self, bytes: usize, capacity: usize, deadline: Instant) -> Option<Room<'_>> {
+        let mut used = lock(&self.used);
+        loop {
+            if *used + bytes <= capacity {
+                *used += bytes;
+                return Some(Room {
+                    budget: self,
+                    bytes,
+                });
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            used = self
+                .freed
+                .wait_timeout(used, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+impl Drop for Room<'_> {
+    fn drop(&mut self) {
+        *lock(&self.budget.used) -= self.bytes;
+        self.budget.freed.notify_all();
+    }
 }
 
 fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
@@ -193,13 +317,27 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
     }
     let mut reader = BufReader::new(StreamOwned::new(conn, stream));
     let limits = Limits {
-        max_body_bytes: 8 * 1024 * 1024,
+        max_body_bytes: MAX_BODY,
         ..Limits::default()
     };
+    // Held until the answer is written (the parsed review lives as long).
+    let mut _room = None;
+    let mut no_room = false;
     let response = match http::read_head(&mut reader, &limits) {
-        Ok(head) => match http::body_length(&head, &limits)
-            .and_then(|n| http::read_body(&mut reader, n, Instant::now() + Duration::from_secs(10)))
-        {
+        Ok(head) => match http::body_length(&head, &limits).and_then(|n| {
+            _room = webhook
+                .budget
+                .take(n, BODY_BUDGET, Instant::now() + MAX_WAIT_FOR_ROOM);
+            no_room = _room.is_none();
+            match _room {
+                Some(_) => {
+                    http::read_body(&mut reader, n, Instant::now() + Duration::from_secs(10))
+                }
+                None => Err(http::ReadError::Io(std::io::Error::other(
+                    "too many request bodies at once",
+                ))),
+            }
+        }) {
             Ok(body) if head.method == "POST" && head.path == "/validate" => {
                 // kube-apiserver says how long it waits (`?timeout=10s`, timeoutSeconds).
                 let patience = head
@@ -211,6 +349,7 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
                 webhook.review(&body, peer, patience)
             }
             Ok(_) => Response::error(404, "not_found", "POST /validate"),
+            Err(_) if no_room => Response::error(503, "busy", "too many request bodies at once"),
             Err(e) => Response::error(400, "bad_request", format!("{e:?}")),
         },
         Err(_) => return,
@@ -223,16 +362,27 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
 
 impl Webhook {
     fn review(&self, body: &[u8], peer: IpAddr, patience: Duration) -> Response {
-        let review: Value = match serde_json::from_slice(body) {
+        let mut review: Value = match serde_json::from_slice(body) {
             Ok(v) => v,
             Err(e) => {
                 return Response::error(400, "bad_request", format!("not an AdmissionReview: {e}"))
             }
         };
-        let request = review.get("request").cloned().unwrap_or(Value::Null);
+        let request = review
+            .get_mut("request")
+            .map(Value::take)
+            .unwrap_or_default();
         let uid = request.get("uid").cloned().unwrap_or(Value::Null);
+        let field = |pointer: &str| {
+            request
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (kind, namespace, name) = (field("/kind/kind"), field("/namespace"), field("/name"));
         let started = Instant::now();
-        let verdict = self.decide(&request, peer, started + patience);
+        let verdict = self.decide(request, peer, started + patience);
         // Only a configuration that would really be invalid is denied; when the controller
         // cannot decide (no config yet, haproxy missing) it admits with a warning rather than
         // blocking every write to the watched kinds.
@@ -245,16 +395,8 @@ impl Webhook {
             .metrics
             .inc(&crate::metrics::WEBHOOK_REQUESTS_TOTAL, [result]);
         log::info!(
-            "webhook {} {}/{} {result} in {} ms",
-            request
-                .pointer("/kind/kind")
-                .and_then(Value::as_str)
-                .unwrap_or("?"),
-            request
-                .get("namespace")
-                .and_then(Value::as_str)
-                .unwrap_or(""),
-            request.get("name").and_then(Value::as_str).unwrap_or(""),
+            "webhook {} {namespace}/{name} {result} in {} ms",
+            if kind.is_empty() { "?" } else { kind.as_str() },
             started.elapsed().as_millis()
         );
         let mut response = json!({"uid": uid, "allowed": allowed});
@@ -270,22 +412,26 @@ impl Webhook {
         )
     }
 
-    fn decide(&self, request: &Value, peer: IpAddr, given_up: Instant) -> Result<(), Denial> {
-        let group = request
-            .pointer("/resource/group")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let version = request
-            .pointer("/resource/version")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let resource = request
-            .pointer("/resource/resource")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let operation = request
-            .get("operation")
-            .and_then(Value::as_str)
+    fn decide(&self, mut request: Value, peer: IpAddr, given_up: Instant) -> Result<(), Denial> {
+        let text = |pointer: &str| {
+            request
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (group, version) = (text("/resource/group"), text("/resource/version"));
+        let (resource, operation) = (text("/resource/resource"), text("/operation"));
+        let (group, version, resource, operation) = (
+            group.as_str(),
+            version.as_str(),
+            resource.as_str(),
+            operation.as_str(),
+        );
+        // Taken, not copied: a review holds one copy of its object at most.
+        let object = request
+            .get_mut("object")
+            .map(Value::take)
             .unwrap_or_default();
         let api_version = if group.is_empty() {
             version.to_string()
@@ -300,7 +446,6 @@ impl Webhook {
             if operation == "DELETE" {
                 return Ok(());
             }
-            let object = request.get("object").cloned().unwrap_or(Value::Null);
             // Checked as far as its structure and the compilation of its templates, and no
             // further. This endpoint cannot tell the API server from any other peer (its port
             // is open to the cluster: the API server's address is not known), so a config sent
@@ -359,7 +504,6 @@ impl Webhook {
                 }
             }
             _ => {
-                let object = request.get("object").cloned().unwrap_or(Value::Null);
                 let filter = ObjectFilter::for_resource(&active.spec, watched);
                 if let Some(object) = filter.prepare(object) {
                     // An object the store cannot index is not rendered in production either.
@@ -504,4 +648,78 @@ impl Webhook {
 enum Denial {
     Invalid(String),
     Error(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Room is taken up to the capacity; a body that does not fit waits until room is given
+    /// back, or until its deadline.
+    #[test]
+    fn bodies_wait_for_room_in_the_budget() {
+        let budget = Budget::default();
+        let soon = || Instant::now() + Duration::from_millis(50);
+        let first = budget.take(8, 12, soon()).expect("room");
+        assert!(
+            budget.take(8, 12, soon()).is_none(),
+            "no room until given back"
+        );
+        let small = budget.take(4, 12, soon()).expect("what fits goes in");
+        drop(small);
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| {
+                budget
+                    .take(8, 12, Instant::now() + Duration::from_secs(10))
+                    .map(|room| room.bytes)
+            });
+            // The waiter is woken by the room given back, long before its deadline.
+            std::thread::sleep(Duration::from_millis(20));
+            drop(first);
+            assert_eq!(waiter.join().unwrap(), Some(8));
+        });
+        assert_eq!(*lock(&budget.used), 0);
+    }
+
+    /// Connections beyond their peer's share wait, oldest first, and get a slot when one is
+    /// given back; those that waited too long are closed; a peer cannot queue more than its
+    /// share of waiting places.
+    #[test]
+    fn connections_wait_for_a_slot_of_their_peer() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connect = || {
+            let _client = TcpStream::connect(addr).unwrap();
+            let (server, _) = listener.accept().unwrap();
+            (server, _client)
+        };
+        let gate = ConnectionGate::new(64, 1);
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mut waiting = Waiting::default();
+        let mut clients = Vec::new();
+        for peer in [a, a, a, b] {
+            let (server, client) = connect();
+            clients.push(client);
+            waiting.push(server, peer);
+        }
+        let t0 = Instant::now();
+        let first = waiting.admit(&gate, t0);
+        assert_eq!(first.len(), 2, "one of a's, and b's");
+        assert_eq!(waiting.queue.len(), 2);
+        assert!(waiting.admit(&gate, t0).is_empty(), "a's slot is taken");
+        drop(first);
+        let second = waiting.admit(&gate, t0);
+        assert_eq!(second.len(), 1, "a slot given back");
+        assert_eq!(waiting.queue.len(), 1);
+        assert!(waiting.admit(&gate, t0 + MAX_WAIT_FOR_SLOT).is_empty());
+        assert!(waiting.is_empty(), "waited too long: closed");
+        assert!(waiting.per_peer.is_empty());
+        drop(second);
+        for _ in 0..MAX_WAITING_PER_PEER + 3 {
+            let (server, client) = connect();
+            clients.push(client);
+            waiting.push(server, a);
+        }
+        assert_eq!(waiting.queue.len(), MAX_WAITING_PER_PEER);
+    }
 }
