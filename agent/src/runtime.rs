@@ -92,12 +92,12 @@ impl Run<'_> {
             }
             RuntimeAction::DelCrtListEntry { crt_list, cert } => {
                 let cmd = format!("del ssl crt-list {crt_list} {cert}");
-                self.send(&cmd, None, cmd.clone(), |r| r.contains("deleted"))?;
+                self.send(&cmd, None, cmd.clone(), crt_list_entry_deleted)?;
                 Ok(())
             }
             RuntimeAction::DelCert { name } => {
                 let cmd = format!("del ssl cert {name}");
-                self.send(&cmd, None, cmd.clone(), |r| r.contains("deleted"))?;
+                self.send(&cmd, None, cmd.clone(), cert_deleted)?;
                 Ok(())
             }
         }
@@ -233,5 +233,48 @@ mod tests {
         assert!(parts.len() > 1);
         assert!(parts.iter().all(|p| p.len() <= MAP_CHUNK_BYTES));
         assert_eq!(parts.concat().lines().count(), 2000);
+    }
+}
+
+/// `del ssl cert` succeeded: `Certificate '<name>' deleted!` (2.6 to 3.2). Its refusals say
+/// "deleted" too (`certificate '<name>' in use, can't be deleted!`, `… cannot be deleted, it is
+/// used as default certificate …`): a certificate still served must not count as removed.
+fn cert_deleted(reply: &str) -> bool {
+    reply.starts_with("Certificate '") && reply.ends_with("' deleted!")
+}
+
+/// `del ssl crt-list` succeeded: `Entry '<cert>' deleted in crtlist '<list>'!`.
+fn crt_list_entry_deleted(reply: &str) -> bool {
+    reply.starts_with("Entry '")
+        && reply.contains("' deleted in crtlist '")
+        && reply.ends_with("'!")
+}
+
+#[cfg(test)]
+mod reply_tests {
+    use super::{cert_deleted, crt_list_entry_deleted};
+
+    /// HAProxy's own words (2.6 and 3.2): success, and the refusals that also say "deleted".
+    #[test]
+    fn deletions_succeed_only_on_haproxys_success_replies() {
+        assert!(cert_deleted(
+            "Certificate '/etc/haproxy/ssl/b.pem' deleted!"
+        ));
+        assert!(!cert_deleted(
+            "certificate '/etc/haproxy/ssl/b.pem' in use, can't be deleted!"
+        ));
+        assert!(!cert_deleted(
+            "certificate '/etc/haproxy/ssl/b.pem' cannot be deleted, it is used as default certificate by the following frontends:\n  https"
+        ));
+        assert!(!cert_deleted("Can't find the certificate 'x'!"));
+        assert!(crt_list_entry_deleted(
+            "Entry '/etc/haproxy/ssl/b.pem' deleted in crtlist '/etc/haproxy/ssl/list.txt'!"
+        ));
+        assert!(!crt_list_entry_deleted(
+            "Can't delete the entry: 'x' not found!"
+        ));
+        assert!(!crt_list_entry_deleted(
+            "certificate 'x' in use, can't be deleted!"
+        ));
     }
 }
