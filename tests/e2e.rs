@@ -1074,6 +1074,46 @@ fn webhook_admits_many_writes_at_once_from_the_api_server() {
     c.wait_route("burst-39.example.com", "/", 200, "web-1", DEADLINE);
 }
 
+/// An ingress class sharded between controllers by labels: each one's webhook judges only the
+/// objects its watch selects. Another shard's Ingress is admitted whatever it holds (it is never
+/// in this configuration), one of this shard's is judged, and a change that takes an Ingress
+/// out of the shard is its removal here.
+#[test]
+fn webhook_judges_only_the_objects_its_label_selector_watches() {
+    require("haproxy");
+    let mut c = Cluster::start(&[]);
+    c.apply_config(&c.config_object_with(
+        &["base", "ingress", "haproxytech"],
+        "watchedResources:\n  ingresses:\n    labelSelector: shard=a\n",
+    ));
+    c.enable_webhook();
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    let web = Backend::start("web-1");
+    c.create_service("web", &[&web]);
+    let sharded = |shard: &str, yaml: String| {
+        yaml.replace(
+            "metadata: {name: bad, namespace: default,",
+            &format!("metadata: {{name: bad, namespace: default, labels: {{shard: {shard}}},"),
+        )
+    };
+    let (ok, out) = apply(&c, &sharded("b", bad_ingress()));
+    assert!(
+        ok,
+        "another shard's Ingress is not this webhook's to judge: {out}"
+    );
+    let (ok, out) = apply(&c, &sharded("a", bad_ingress()));
+    assert!(!ok, "this shard's is judged: {out}");
+    let good = sharded("a", ingress("bad", "bad.example.com", "web", ""));
+    let (ok, out) = apply(&c, &good);
+    assert!(ok, "{out}");
+    c.wait_route("bad.example.com", "/", 200, "web-1", DEADLINE);
+    // Moved to the other shard with a value this one would refuse: gone from here, admitted.
+    let (ok, out) = apply(&c, &sharded("b", bad_ingress()));
+    assert!(ok, "{out}");
+    c.wait_route("bad.example.com", "/", 404, "", DEADLINE);
+}
+
 /// The webhook's port is open to the cluster (the API server's address is not known), and the
 /// webhook cannot tell the API server from any other peer. A HAProxyTemplateConfig posted
 /// straight to it, by anyone, is compiled and no more: its templates cannot print a tenant's

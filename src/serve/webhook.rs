@@ -471,6 +471,32 @@ impl Webhook {
         if !watched.enable_validation_webhook {
             return Ok(());
         }
+        // Only what this controller watches of the type is in its configuration: an object
+        // its label selector or namespace leaves out (another instance's, when a class is
+        // sharded by labels) is not its to judge, unless the change takes it out of the set,
+        // which the render below sees as its removal.
+        let labels = watched
+            .label_selector
+            .as_deref()
+            .filter(|s| !s.is_empty())
+            .and_then(|s| crate::store::selector::LabelSelector::parse(s).ok());
+        let watches = |o: &Value| {
+            labels.as_ref().is_none_or(|l| l.matches(o))
+                && watched
+                    .namespace
+                    .as_deref()
+                    .filter(|n| !n.is_empty())
+                    .is_none_or(|ns| {
+                        o.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
+                    })
+        };
+        let old_watched = request
+            .get("oldObject")
+            .is_some_and(|o| !o.is_null() && watches(o));
+        let new_watched = operation != "DELETE" && watches(&object);
+        if !old_watched && !new_watched {
+            return Ok(());
+        }
         // Waits for this peer's turn: a peer flooding the port delays another's review by at
         // most one render of its own, not by all it has queued.
         let asked = Instant::now();
@@ -505,9 +531,18 @@ impl Webhook {
             }
             _ => {
                 let filter = ObjectFilter::for_resource(&active.spec, watched);
-                if let Some(object) = filter.prepare(object) {
+                match filter.prepare(object).filter(|_| new_watched) {
                     // An object the store cannot index is not rendered in production either.
-                    let _ = store.upsert_value(&object);
+                    Some(object) => {
+                        let _ = store.upsert_value(&object);
+                    }
+                    // Out of the watched set (labels, namespace, field selector): gone from
+                    // the store, as the reflector removes it.
+                    None => {
+                        if let Some(key) = request.get("oldObject").and_then(object_key) {
+                            store.delete(&key);
+                        }
+                    }
                 }
             }
         }
