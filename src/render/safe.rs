@@ -369,10 +369,10 @@ fn quantifier(b: &[u8], i: usize) -> Result<usize, String> {
                 .unwrap_or(b.len() - i - 1);
             // PCRE refuses a count above 65535 (the `regex` crate takes it).
             let counts = std::str::from_utf8(&b[i + 1..i + close]).unwrap_or("");
-            if counts
-                .split(',')
-                .any(|n| n.trim().parse::<u64>().is_ok_and(|n| n > 65535) || n.len() > 6)
-            {
+            if counts.split(',').any(|n| {
+                let digits = n.trim().trim_start_matches('0');
+                digits.len() > 5 || digits.parse::<u32>().is_ok_and(|n| n > 65535)
+            }) {
                 return Err(
                     "has a repetition count above 65535, which HAProxy's PCRE refuses".into(),
                 );

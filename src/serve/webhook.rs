@@ -151,14 +151,18 @@ pub(crate) fn start(
                         let pause = if waiting.is_empty() { 50 } else { 5 };
                         std::thread::sleep(Duration::from_millis(pause))
                     }
-                    Err(e) => log::warn!("webhook accept: {e}"),
+                    Err(e) => {
+                        // Out of descriptors, say: not a reason to spin.
+                        log::warn!("webhook accept: {e}");
+                        std::thread::sleep(Duration::from_millis(50))
+                    }
                 }
-                for (stream, admitted) in waiting.admit(&gate, Instant::now()) {
+                for (stream, accepted, admitted) in waiting.admit(&gate, Instant::now()) {
                     let (tls, webhook) = (tls.clone(), webhook.clone());
                     let _ = std::thread::Builder::new()
                         .name("webhook-conn".into())
                         .spawn(move || {
-                            serve_conn(stream, &tls, &webhook);
+                            serve_conn(stream, accepted, &tls, &webhook);
                             drop(admitted);
                         });
                 }
@@ -191,12 +195,12 @@ impl Waiting {
     }
 
     fn push(&mut self, stream: TcpStream, peer: IpAddr) {
-        let from_peer = self.per_peer.entry(peer).or_default();
-        if self.queue.len() >= MAX_WAITING || *from_peer >= MAX_WAITING_PER_PEER {
+        let from_peer = self.per_peer.get(&peer).copied().unwrap_or(0);
+        if self.queue.len() >= MAX_WAITING || from_peer >= MAX_WAITING_PER_PEER {
             log::debug!("webhook: refusing connection peer={peer}: too many waiting");
             return;
         }
-        *from_peer += 1;
+        self.per_peer.insert(peer, from_peer + 1);
         self.queue.push_back((stream, peer, Instant::now()));
     }
 
@@ -205,14 +209,14 @@ impl Waiting {
         &mut self,
         gate: &Arc<ConnectionGate>,
         now: Instant,
-    ) -> Vec<(TcpStream, haptic_agent::accept::Admitted)> {
+    ) -> Vec<(TcpStream, Instant, haptic_agent::accept::Admitted)> {
         let mut admitted = Vec::new();
         let mut kept = std::collections::VecDeque::with_capacity(self.queue.len());
         while let Some((stream, peer, since)) = self.queue.pop_front() {
             let slot = gate.admit(peer);
             let done = match slot {
                 Ok(slot) => {
-                    admitted.push((stream, slot));
+                    admitted.push((stream, since, slot));
                     true
                 }
                 Err(why) if now.duration_since(since) >= MAX_WAIT_FOR_SLOT => {
@@ -241,7 +245,9 @@ impl Waiting {
 /// Bytes of request bodies held at once by the reviews, and the largest body. A review's JSON
 /// grows many times when parsed (a list of small numbers, 16 times): unbounded, peers that
 /// reach the port (open to the cluster) could exhaust the controller's memory with concurrent
-/// large bodies. A body waits for room, then holds it until its answer is written.
+/// large bodies. A body waits for room, then holds it until its answer is written. One peer
+/// holds at most `MAX_BODY` of it, so a peer that announces large bodies and sends nothing
+/// never keeps the others out.
 const BODY_BUDGET: usize = 12 << 20;
 /// An object and its old version, each at most the 3 MiB the API server accepts.
 const MAX_BODY: usize = 6 << 20;
@@ -250,25 +256,37 @@ const MAX_WAIT_FOR_ROOM: Duration = Duration::from_secs(10);
 
 #[derive(Default)]
 struct Budget {
-    used: Mutex<usize>,
+    /// Bytes held in all, and by peer.
+    used: Mutex<(usize, std::collections::HashMap<IpAddr, usize>)>,
     freed: std::sync::Condvar,
 }
 
 /// Room taken in the [`Budget`]; given back when dropped.
 struct Room<'a> {
     budget: &'a Budget,
+    peer: IpAddr,
     bytes: usize,
 }
 
 impl Budget {
-    /// Room for `bytes` out of `capacity`, waiting until `deadline` at most.
-    fn take(&self, bytes: usize, capacity: usize, deadline: Instant) -> Option<Room<'_>> {
+    /// Room for `bytes` of `peer` out of `capacity`, of which one peer holds `per_peer` at
+    /// most, waiting until `deadline` at most.
+    fn take(
+        &self,
+        peer: IpAddr,
+        bytes: usize,
+        (capacity, per_peer): (usize, usize),
+        deadline: Instant,
+    ) -> Option<Room<'_>> {
         let mut used = lock(&self.used);
         loop {
-            if *used + bytes <= capacity {
-                *used += bytes;
+            let of_peer = used.1.get(&peer).copied().unwrap_or(0);
+            if used.0 + bytes <= capacity && of_peer + bytes <= per_peer {
+                used.0 += bytes;
+                used.1.insert(peer, of_peer + bytes);
                 return Some(Room {
                     budget: self,
+                    peer,
                     bytes,
                 });
             }
@@ -287,12 +305,21 @@ impl Budget {
 
 impl Drop for Room<'_> {
     fn drop(&mut self) {
-        *lock(&self.budget.used) -= self.bytes;
+        let mut used = lock(&self.budget.used);
+        used.0 -= self.bytes;
+        if let Some(n) = used.1.get_mut(&self.peer) {
+            *n -= self.bytes;
+            if *n == 0 {
+                used.1.remove(&self.peer);
+            }
+        }
+        drop(used);
         self.budget.freed.notify_all();
     }
 }
 
-fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
+/// Serves one connection accepted at `accepted` (its caller's patience counts from then).
+fn serve_conn(stream: TcpStream, accepted: Instant, tls: &Tls, webhook: &Webhook) {
     let Ok(peer) = stream.peer_addr().map(|a| a.ip().to_canonical()) else {
         return;
     };
@@ -325,9 +352,12 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
     let mut no_room = false;
     let response = match http::read_head(&mut reader, &limits) {
         Ok(head) => match http::body_length(&head, &limits).and_then(|n| {
-            _room = webhook
-                .budget
-                .take(n, BODY_BUDGET, Instant::now() + MAX_WAIT_FOR_ROOM);
+            _room = webhook.budget.take(
+                peer,
+                n,
+                (BODY_BUDGET, MAX_BODY),
+                Instant::now() + MAX_WAIT_FOR_ROOM,
+            );
             no_room = _room.is_none();
             match _room {
                 Some(_) => {
@@ -346,7 +376,7 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
                     .and_then(|t| t.parse::<u64>().ok())
                     .map(Duration::from_secs)
                     .map_or(MAX_WAIT_FOR_TURN, |t| t.min(MAX_WAIT_FOR_TURN));
-                webhook.review(&body, peer, patience)
+                webhook.review(&body, peer, accepted + patience)
             }
             Ok(_) => Response::error(404, "not_found", "POST /validate"),
             Err(_) if no_room => Response::error(503, "busy", "too many request bodies at once"),
@@ -361,7 +391,8 @@ fn serve_conn(stream: TcpStream, tls: &Tls, webhook: &Webhook) {
 }
 
 impl Webhook {
-    fn review(&self, body: &[u8], peer: IpAddr, patience: Duration) -> Response {
+    /// Answers a review whose caller gives up at `given_up`.
+    fn review(&self, body: &[u8], peer: IpAddr, given_up: Instant) -> Response {
         let mut review: Value = match serde_json::from_slice(body) {
             Ok(v) => v,
             Err(e) => {
@@ -382,7 +413,7 @@ impl Webhook {
         };
         let (kind, namespace, name) = (field("/kind/kind"), field("/namespace"), field("/name"));
         let started = Instant::now();
-        let verdict = self.decide(request, peer, started + patience);
+        let verdict = self.decide(request, peer, given_up);
         // Only a configuration that would really be invalid is denied; when the controller
         // cannot decide (no config yet, haproxy missing) it admits with a warning rather than
         // blocking every write to the watched kinds.
@@ -460,41 +491,45 @@ impl Webhook {
                 .map_err(Denial::Invalid)?;
             return Ok(());
         }
-        let Some((name, watched)) = active
+        // Every watch of the type (a config may watch one type twice, with other selectors).
+        let watches: Vec<_> = active
             .spec
             .watched_resources
             .iter()
-            .find(|(_, w)| w.api_version == api_version && w.resources == resource)
-        else {
-            return Ok(());
-        };
-        if !watched.enable_validation_webhook {
+            .filter(|(_, w)| w.api_version == api_version && w.resources == resource)
+            .collect();
+        if !watches.iter().any(|(_, w)| w.enable_validation_webhook) {
             return Ok(());
         }
         // Only what this controller watches of the type is in its configuration: an object
-        // its label selector or namespace leaves out (another instance's, when a class is
+        // its label selectors or namespaces leave out (another instance's, when a class is
         // sharded by labels) is not its to judge, unless the change takes it out of the set,
         // which the render below sees as its removal.
-        let labels = watched
-            .label_selector
-            .as_deref()
-            .filter(|s| !s.is_empty())
-            .and_then(|s| crate::store::selector::LabelSelector::parse(s).ok());
-        let watches = |o: &Value| {
-            labels.as_ref().is_none_or(|l| l.matches(o))
-                && watched
-                    .namespace
+        let selects = |w: &crate::config::model::WatchedResource, o: &Value| {
+            let labels = w
+                .label_selector
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .and_then(|s| crate::store::selector::LabelSelector::parse(s).ok());
+            !o.is_null()
+                && labels.is_none_or(|l| l.matches(o))
+                && w.namespace
                     .as_deref()
                     .filter(|n| !n.is_empty())
                     .is_none_or(|ns| {
                         o.pointer("/metadata/namespace").and_then(Value::as_str) == Some(ns)
                     })
         };
-        let old_watched = request
-            .get("oldObject")
-            .is_some_and(|o| !o.is_null() && watches(o));
-        let new_watched = operation != "DELETE" && watches(&object);
-        if !old_watched && !new_watched {
+        let old = request.get("oldObject").unwrap_or(&Value::Null);
+        let selected: Vec<_> = watches
+            .iter()
+            .map(|(name, w)| {
+                let new = operation != "DELETE" && selects(w, &object);
+                (*name, *w, selects(w, old), new)
+            })
+            .filter(|(_, _, old, new)| *old || *new)
+            .collect();
+        if selected.is_empty() {
             return Ok(());
         }
         // Waits for this peer's turn: a peer flooding the port delays another's review by at
@@ -519,34 +554,31 @@ impl Webhook {
         }
         let without = lock(&self.watchers).snapshot();
         let mut stores = without.clone();
-        let mut store = stores
-            .get(name)
-            .map(|s| (**s).clone())
-            .unwrap_or_else(|| crate::store::Store::for_resource(watched));
-        match operation {
-            "DELETE" => {
-                if let Some(key) = request.get("oldObject").and_then(object_key) {
-                    store.delete(&key);
+        let old_key = request.get("oldObject").and_then(object_key);
+        for (name, watched, _, new_watched) in selected {
+            let mut store = stores
+                .get(name)
+                .map(|s| (**s).clone())
+                .unwrap_or_else(|| crate::store::Store::for_resource(watched));
+            let filter = ObjectFilter::for_resource(&active.spec, watched);
+            match filter
+                .prepare(object.clone())
+                .filter(|_| new_watched && operation != "DELETE")
+            {
+                // An object the store cannot index is not rendered in production either.
+                Some(object) => {
+                    let _ = store.upsert_value(&object);
                 }
-            }
-            _ => {
-                let filter = ObjectFilter::for_resource(&active.spec, watched);
-                match filter.prepare(object).filter(|_| new_watched) {
-                    // An object the store cannot index is not rendered in production either.
-                    Some(object) => {
-                        let _ = store.upsert_value(&object);
-                    }
-                    // Out of the watched set (labels, namespace, field selector): gone from
-                    // the store, as the reflector removes it.
-                    None => {
-                        if let Some(key) = request.get("oldObject").and_then(object_key) {
-                            store.delete(&key);
-                        }
+                // Deleted, or out of this watch's set (labels, namespace, field selector):
+                // gone from the store, as the reflector removes it.
+                None => {
+                    if let Some(key) = &old_key {
+                        store.delete(key);
                     }
                 }
             }
+            stores.insert(name.clone(), Arc::new(store));
         }
-        stores.insert(name.clone(), Arc::new(store));
         self.render_and_check(&active.engine, &active.spec, stores, Some(without))
     }
 
@@ -694,18 +726,29 @@ mod tests {
     #[test]
     fn bodies_wait_for_room_in_the_budget() {
         let budget = Budget::default();
+        let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            "10.0.0.3".parse().unwrap(),
+        );
         let soon = || Instant::now() + Duration::from_millis(50);
-        let first = budget.take(8, 12, soon()).expect("room");
+        let first = budget.take(a, 8, (12, 8), soon()).expect("room");
         assert!(
-            budget.take(8, 12, soon()).is_none(),
+            budget.take(b, 8, (12, 8), soon()).is_none(),
             "no room until given back"
         );
-        let small = budget.take(4, 12, soon()).expect("what fits goes in");
+        assert!(
+            budget.take(a, 2, (12, 8), soon()).is_none(),
+            "a peer holds its share at most"
+        );
+        let small = budget
+            .take(b, 4, (12, 8), soon())
+            .expect("what fits goes in");
         drop(small);
         std::thread::scope(|scope| {
             let waiter = scope.spawn(|| {
                 budget
-                    .take(8, 12, Instant::now() + Duration::from_secs(10))
+                    .take(c, 8, (12, 8), Instant::now() + Duration::from_secs(10))
                     .map(|room| room.bytes)
             });
             // The waiter is woken by the room given back, long before its deadline.
@@ -713,7 +756,8 @@ mod tests {
             drop(first);
             assert_eq!(waiter.join().unwrap(), Some(8));
         });
-        assert_eq!(*lock(&budget.used), 0);
+        let used = lock(&budget.used);
+        assert_eq!((used.0, used.1.len()), (0, 0));
     }
 
     /// Connections beyond their peer's share wait, oldest first, and get a slot when one is
