@@ -1054,7 +1054,7 @@ fn webhook_admits_many_writes_at_once_from_the_api_server() {
     let (c, _web) = routed_cluster(true);
     let res = ResourceRef::new("networking.k8s.io/v1", "ingresses", true);
     let results: Vec<Result<(), String>> = std::thread::scope(|scope| {
-        let calls: Vec<_> = (0..40)
+        let calls: Vec<_> = (0..24)
             .map(|i| {
                 let (c, res) = (&c, &res);
                 scope.spawn(move || {
@@ -1074,7 +1074,7 @@ fn webhook_admits_many_writes_at_once_from_the_api_server() {
     });
     let failed: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(failed.is_empty(), "{failed:#?}");
-    c.wait_route("burst-39.example.com", "/", 200, "web-1", DEADLINE);
+    c.wait_route("burst-23.example.com", "/", 200, "web-1", DEADLINE);
 }
 
 /// An ingress class sharded between controllers by labels: each one's webhook judges only the
