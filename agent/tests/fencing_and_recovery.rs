@@ -26,6 +26,29 @@ fn bundle(env: &Env, variant: u32) -> Bundle {
     )
 }
 
+/// Restarts the agent with `fault` set and sends it `bundle`: the agent exits at that point of
+/// the apply (status 86), as a crash would stop it.
+fn crash_applying(env: &mut Env, fault: &str, bundle: &Bundle) {
+    env.stop_agent();
+    env.start_agent(&[("HAPTIC_AGENT_FAULT", fault)]);
+    let body = serde_json::to_vec(&bundle.to_wire()).unwrap();
+    assert!(
+        env.client
+            .put(&env.url("/v1/bundle"))
+            .send(&body[..])
+            .is_err(),
+        "the agent dies mid-apply"
+    );
+    assert_eq!(
+        env.agent
+            .as_mut()
+            .unwrap()
+            .wait_exit(Duration::from_secs(10)),
+        86
+    );
+    env.agent = None;
+}
+
 #[test]
 fn stale_epoch_wrong_base_concurrent_and_repeated_puts() {
     let env = Env::start(Options::default());
@@ -132,28 +155,11 @@ fn agent_killed_mid_apply_recovers_consistently() {
     v2.files
         .push(file(FileKind::General, "general/new.txt", "new\n"));
     let v2 = Bundle::new(v2.haproxy_cfg, v2.files);
-    env.stop_agent();
-    env.start_agent(&[("HAPTIC_AGENT_FAULT", "after-stage")]);
-    let body = serde_json::to_vec(&v2.to_wire()).unwrap();
-    assert!(
-        env.client
-            .put(&env.url("/v1/bundle"))
-            .send(&body[..])
-            .is_err(),
-        "the agent dies mid-apply"
-    );
-    assert_eq!(
-        env.agent
-            .as_mut()
-            .unwrap()
-            .wait_exit(Duration::from_secs(10)),
-        86
-    );
+    crash_applying(&mut env, "after-stage", &v2);
     assert!(
         env.disk("general/new.txt").is_some(),
         "the crash left a half-applied bundle behind"
     );
-    env.agent = None;
     env.start_agent(&[]);
     let state = env.state();
     assert_eq!(state["bundle"], v1.hash().as_str(), "{state:#}");
@@ -166,21 +172,7 @@ fn agent_killed_mid_apply_recovers_consistently() {
     assert_eq!(env.worker_pid(), pid);
 
     // Killed after haproxy.cfg was replaced, before HAProxy was told: finished at start.
-    env.stop_agent();
-    env.start_agent(&[("HAPTIC_AGENT_FAULT", "after-commit")]);
-    assert!(env
-        .client
-        .put(&env.url("/v1/bundle"))
-        .send(&body[..])
-        .is_err());
-    assert_eq!(
-        env.agent
-            .as_mut()
-            .unwrap()
-            .wait_exit(Duration::from_secs(10)),
-        86
-    );
-    env.agent = None;
+    crash_applying(&mut env, "after-commit", &v2);
     env.start_agent(&[]);
     let state = env.state();
     assert_eq!(state["bundle"], v2.hash().as_str(), "{state:#}");
@@ -242,22 +234,7 @@ fn init_after_an_interrupted_apply_leaves_the_agent_in_bootstrap_mode() {
     v2.files
         .push(file(FileKind::General, "general/new.txt", "new\n"));
     let v2 = Bundle::new(v2.haproxy_cfg, v2.files);
-    env.stop_agent();
-    env.start_agent(&[("HAPTIC_AGENT_FAULT", "after-commit")]);
-    let body = serde_json::to_vec(&v2.to_wire()).unwrap();
-    assert!(env
-        .client
-        .put(&env.url("/v1/bundle"))
-        .send(&body[..])
-        .is_err());
-    assert_eq!(
-        env.agent
-            .as_mut()
-            .unwrap()
-            .wait_exit(Duration::from_secs(10)),
-        86
-    );
-    env.agent = None;
+    crash_applying(&mut env, "after-commit", &v2);
     assert!(env.cfg_dir.join(".haptic/journal.json").exists());
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
         .arg("init")
@@ -299,22 +276,7 @@ fn an_interrupted_apply_whose_config_was_overwritten_starts_in_bootstrap_mode() 
     env.apply(&v1, "reload");
     let cfg_v1 = env.disk("haproxy.cfg").unwrap();
     let v2 = bundle(&env, 2);
-    env.stop_agent();
-    env.start_agent(&[("HAPTIC_AGENT_FAULT", "after-commit")]);
-    let body = serde_json::to_vec(&v2.to_wire()).unwrap();
-    assert!(env
-        .client
-        .put(&env.url("/v1/bundle"))
-        .send(&body[..])
-        .is_err());
-    assert_eq!(
-        env.agent
-            .as_mut()
-            .unwrap()
-            .wait_exit(Duration::from_secs(10)),
-        86
-    );
-    env.agent = None;
+    crash_applying(&mut env, "after-commit", &v2);
     std::fs::write(env.cfg_dir.join("haproxy.cfg"), env.bootstrap_cfg()).unwrap();
     env.start_agent(&[]);
     let state = env.state();
