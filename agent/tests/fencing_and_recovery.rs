@@ -49,6 +49,24 @@ fn crash_applying(env: &mut Env, fault: &str, bundle: &Bundle) {
     env.agent = None;
 }
 
+/// Runs the pod's init step (`haptic-agent init`) on the configuration directory `dir`, with
+/// the environment's bootstrap configuration.
+fn init_pod(env: &Env, dir: &std::path::Path) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
+        .arg("init")
+        .arg("--bootstrap")
+        .arg(env.cfg_dir.join("bootstrap.cfg"))
+        .arg("--config-dir")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn stale_epoch_wrong_base_concurrent_and_repeated_puts() {
     let env = Env::start(Options::default());
@@ -236,19 +254,7 @@ fn init_after_an_interrupted_apply_leaves_the_agent_in_bootstrap_mode() {
     let v2 = Bundle::new(v2.haproxy_cfg, v2.files);
     crash_applying(&mut env, "after-commit", &v2);
     assert!(env.cfg_dir.join(".haptic/journal.json").exists());
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
-        .arg("init")
-        .arg("--bootstrap")
-        .arg(env.cfg_dir.join("bootstrap.cfg"))
-        .arg("--config-dir")
-        .arg(&env.cfg_dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    init_pod(&env, &env.cfg_dir);
     assert!(!env.cfg_dir.join(".haptic/journal.json").exists());
     assert!(
         !env.cfg_dir.join(".haptic/prev").exists(),
@@ -302,19 +308,7 @@ fn init_writes_the_bootstrap_config_and_keeps_the_epoch() {
         dir.join(".haptic/state.json"),
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_haptic-agent"))
-        .arg("init")
-        .arg("--bootstrap")
-        .arg(env.cfg_dir.join("bootstrap.cfg"))
-        .arg("--config-dir")
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    init_pod(&env, &dir);
     assert_eq!(
         std::fs::read_to_string(dir.join("haproxy.cfg")).unwrap(),
         env.bootstrap_cfg()
