@@ -27,10 +27,12 @@ haproxy32=$(scripts/haproxy-3.2.sh)
 haproxy32_path=$(mktemp -d "${TMPDIR:-/tmp}/haptic-haproxy32-path.XXXXXX")
 trap 'rm -rf "$haproxy32_path"' EXIT
 ln -s "$haproxy32" "$haproxy32_path/haproxy"
+# --workspace: the same dependency builds as the run above (`-p` resolves features per package
+# and rebuilt ring under the same file name, which a second run of this script at the same
+# time could be linking its doc tests against).
 PATH="$haproxy32_path:$PATH" HAPTIC_TEST_HAPROXY="$haproxy32" \
-  cargo test -p haptic-agent --test fencing_and_recovery --test runtime_and_reload --test security
-PATH="$haproxy32_path:$PATH" HAPTIC_TEST_HAPROXY="$haproxy32" \
-  cargo test -p haptic --test libraries --test e2e --test cli
+  cargo test --workspace --test fencing_and_recovery --test runtime_and_reload --test security \
+    --test libraries --test e2e --test cli
 rm -rf "$haproxy32_path"
 echo "==> chart and static binaries"
 scripts/test-chart.sh
