@@ -33,11 +33,23 @@ trap 'rm -rf "$work" ${staging:+"$staging"}' EXIT
 exec 9>"$cache/.lock"
 flock 9
 
+# Whether the binary $1 runs and is a 3.2. Its whole output is read first: with pipefail, a
+# pipe into `head`/`grep -q` that closes early fails on the binary's SIGPIPE, which made a
+# working cached binary look broken, and another run's tests then lost it to a fresh download.
+is_32() {
+  local out
+  out=$("$1" -v 2>/dev/null) || return 1
+  case "$out" in
+    *"version 3.2."*) return 0 ;;
+    *) return 1 ;;
+  esac
+}
+
 # A cached version that runs (only finished ones: `<version>/haproxy`).
 newest_cached() {
   local bin
   for bin in $(find "$cache" -mindepth 2 -maxdepth 2 -path "$cache/[0-9]*/haproxy" -type f 2>/dev/null | sort -rV); do
-    if "$bin" -v 2>/dev/null | head -n1 | grep -q "version 3\.2\."; then
+    if is_32 "$bin"; then
       echo "$bin"
       return
     fi
@@ -122,7 +134,7 @@ cp "$staging/root/usr/sbin/haproxy" "$staging/haproxy"
 patchelf --set-interpreter "$lib/ld-linux-x86-64.so.2" --force-rpath --set-rpath "$lib" "$staging/haproxy"
 mv -T "$staging" "$final"
 staging=""
-if ! "$final/haproxy" -v | head -n1 | grep -q "version 3\.2\."; then
+if ! is_32 "$final/haproxy"; then
   echo "haproxy-3.2: $final/haproxy does not run" >&2
   "$final/haproxy" -v >&2 || true
   rm -rf "$final"
