@@ -4,18 +4,20 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, TcpStream};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rustls::ServerConnection;
 
 /// Admits connections: at most `max` open at once, and at most `per_peer` from one address,
 /// so that one peer (an idle flood, a slow client) cannot take every slot from the others.
+/// Slots may also be weighted (bytes of request bodies held, for example) and waited for.
 #[derive(Debug)]
 pub struct ConnectionGate {
     max: usize,
     per_peer: usize,
     open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+    freed: Condvar,
 }
 
 /// An admitted connection; its slot is given back when this is dropped.
@@ -23,6 +25,7 @@ pub struct ConnectionGate {
 pub struct Admitted {
     gate: Arc<ConnectionGate>,
     peer: IpAddr,
+    weight: usize,
 }
 
 impl ConnectionGate {
@@ -31,24 +34,59 @@ impl ConnectionGate {
             max,
             per_peer,
             open: Mutex::new((0, HashMap::new())),
+            freed: Condvar::new(),
         })
     }
 
     /// A slot for a connection from `peer`, or why there is none.
     pub fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Admitted, &'static str> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        if open.0 >= self.max {
+        self.take(&mut open, peer, 1)
+    }
+
+    /// Room of `weight` for `peer`, waiting for slots given back until `deadline` at most.
+    pub fn wait(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        weight: usize,
+        deadline: Instant,
+    ) -> Option<Admitted> {
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Ok(admitted) = self.take(&mut open, peer, weight) {
+                return Some(admitted);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            open = self
+                .freed
+                .wait_timeout(open, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    fn take(
+        self: &Arc<Self>,
+        open: &mut (usize, HashMap<IpAddr, usize>),
+        peer: IpAddr,
+        weight: usize,
+    ) -> Result<Admitted, &'static str> {
+        if open.0 + weight > self.max {
             return Err("too many connections");
         }
-        let from_peer = open.1.entry(peer).or_insert(0);
-        if *from_peer >= self.per_peer {
+        let from_peer = open.1.get(&peer).copied().unwrap_or(0);
+        if from_peer + weight > self.per_peer {
             return Err("too many connections from this address");
         }
-        *from_peer += 1;
-        open.0 += 1;
+        open.1.insert(peer, from_peer + weight);
+        open.0 += weight;
         Ok(Admitted {
             gate: self.clone(),
             peer,
+            weight,
         })
     }
 }
@@ -56,13 +94,15 @@ impl ConnectionGate {
 impl Drop for Admitted {
     fn drop(&mut self) {
         let mut open = self.gate.open.lock().unwrap_or_else(|e| e.into_inner());
-        open.0 -= 1;
+        open.0 -= self.weight;
         if let Some(n) = open.1.get_mut(&self.peer) {
-            *n -= 1;
+            *n -= self.weight;
             if *n == 0 {
                 open.1.remove(&self.peer);
             }
         }
+        drop(open);
+        self.gate.freed.notify_all();
     }
 }
 

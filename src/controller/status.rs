@@ -661,45 +661,44 @@ impl StatusWriter {
             } else {
                 Arc::new(stamped)
             };
-            if found.is_some_and(|current| merge_leaves(&current, &stamped)) {
+            // (the object's uid, the status taken from a store rather than written)
+            let done = if found.is_some_and(|current| merge_leaves(&current, &stamped)) {
+                kept += 1;
+                Some((uid, from_store))
+            } else {
+                patched += 1;
+                match self
+                    .client
+                    .merge_patch_status(&res, ns, name, &json!({"status": &*stamped}))
+                {
+                    Ok(object) => {
+                        written.retry.remove(key);
+                        // The object written to (created again since it was seen, it is that one).
+                        let uid = object["metadata"]["uid"].as_str().map(Arc::from).or(uid);
+                        Some((uid, false))
+                    }
+                    Err(e) => {
+                        match e.is_not_found() {
+                            true => {
+                                log::debug!("status for {kind} {namespace}/{name}: object gone")
+                            }
+                            false => log::warn!("status for {kind} {namespace}/{name}: {e}"),
+                        }
+                        written.retry_later(key);
+                        None
+                    }
+                }
+            };
+            if let Some((uid, seeded)) = done {
                 written.templates.insert(
                     key.clone(),
                     WrittenStatus {
                         desired: status.clone(),
                         stamped,
                         uid,
-                        seeded: from_store,
+                        seeded,
                     },
                 );
-                kept += 1;
-                continue;
-            }
-            patched += 1;
-            match self
-                .client
-                .merge_patch_status(&res, ns, name, &json!({"status": &*stamped}))
-            {
-                Ok(object) => {
-                    written.retry.remove(key);
-                    // The object written to (created again since it was seen, it is that one).
-                    let uid = object["metadata"]["uid"].as_str().map(Arc::from).or(uid);
-                    written.templates.insert(
-                        key.clone(),
-                        WrittenStatus {
-                            desired: status.clone(),
-                            stamped,
-                            uid,
-                            seeded: false,
-                        },
-                    );
-                }
-                Err(e) => {
-                    match e.is_not_found() {
-                        true => log::debug!("status for {kind} {namespace}/{name}: object gone"),
-                        false => log::warn!("status for {kind} {namespace}/{name}: {e}"),
-                    }
-                    written.retry_later(key);
-                }
             }
         }
         if kept > 0 {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use haptic_agent::reload::Reloading;
 
-use haptic_agent::accept::{complete_handshake, ConnectionGate};
+use haptic_agent::accept::{complete_handshake, Admitted, ConnectionGate};
 use haptic_agent::http::{self, Limits, Response};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -93,8 +93,8 @@ struct Webhook {
     cache: Mutex<RenderCache>,
     /// Reviews of watched objects render one at a time, peers in rotation.
     turns: super::turns::Turns,
-    /// Request bodies held at once.
-    budget: Budget,
+    /// Bytes of request bodies held at once, overall and by peer.
+    budget: Arc<ConnectionGate>,
 }
 
 /// Connections served at once, and from one peer address.
@@ -134,7 +134,7 @@ pub(crate) fn start(
         haproxy_bin,
         cache: Mutex::new(RenderCache::new()),
         turns: Default::default(),
-        budget: Budget::default(),
+        budget: ConnectionGate::new(BODY_BUDGET, MAX_BODY),
     });
     // Bounded overall and per peer address: in-cluster peers without a certificate the API
     // server trusts can reach this port, and must not be able to take its threads.
@@ -142,7 +142,7 @@ pub(crate) fn start(
     std::thread::Builder::new()
         .name("webhook".into())
         .spawn(move || {
-            let mut waiting = Waiting::default();
+            let mut waiting = Waiting::new();
             while !stop.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((stream, peer)) => waiting.push(stream, peer.ip().to_canonical()),
@@ -177,10 +177,10 @@ pub(crate) fn start(
 /// `MAX_PER_PEER` when many objects are written together), and a closed one is a failed call,
 /// which `failurePolicy: Fail` turns into a refused write. Bounded per peer and overall, so a
 /// flooding peer neither holds more than its share nor keeps others' connections out.
-#[derive(Default)]
 struct Waiting {
-    queue: std::collections::VecDeque<(TcpStream, IpAddr, Instant)>,
-    per_peer: std::collections::HashMap<IpAddr, usize>,
+    /// Each connection with its peer, when it came, and its waiting place.
+    queue: std::collections::VecDeque<(TcpStream, IpAddr, Instant, Admitted)>,
+    places: Arc<ConnectionGate>,
 }
 
 /// Connections waiting for a slot: overall, and from one address.
@@ -190,18 +190,22 @@ const MAX_WAITING_PER_PEER: usize = 64;
 const MAX_WAIT_FOR_SLOT: Duration = Duration::from_secs(10);
 
 impl Waiting {
+    fn new() -> Waiting {
+        Waiting {
+            queue: Default::default(),
+            places: ConnectionGate::new(MAX_WAITING, MAX_WAITING_PER_PEER),
+        }
+    }
+
     fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
 
     fn push(&mut self, stream: TcpStream, peer: IpAddr) {
-        let from_peer = self.per_peer.get(&peer).copied().unwrap_or(0);
-        if self.queue.len() >= MAX_WAITING || from_peer >= MAX_WAITING_PER_PEER {
-            log::debug!("webhook: refusing connection peer={peer}: too many waiting");
-            return;
+        match self.places.admit(peer) {
+            Ok(place) => self.queue.push_back((stream, peer, Instant::now(), place)),
+            Err(why) => log::debug!("webhook: refusing connection peer={peer}: {why} waiting"),
         }
-        self.per_peer.insert(peer, from_peer + 1);
-        self.queue.push_back((stream, peer, Instant::now()));
     }
 
     /// The connections that got a slot now; those that waited too long are closed.
@@ -209,32 +213,17 @@ impl Waiting {
         &mut self,
         gate: &Arc<ConnectionGate>,
         now: Instant,
-    ) -> Vec<(TcpStream, Instant, haptic_agent::accept::Admitted)> {
+    ) -> Vec<(TcpStream, Instant, Admitted)> {
         let mut admitted = Vec::new();
         let mut kept = std::collections::VecDeque::with_capacity(self.queue.len());
-        while let Some((stream, peer, since)) = self.queue.pop_front() {
-            let slot = gate.admit(peer);
-            let done = match slot {
-                Ok(slot) => {
-                    admitted.push((stream, since, slot));
-                    true
-                }
+        // A connection leaving the queue gives its waiting place back.
+        while let Some((stream, peer, since, place)) = self.queue.pop_front() {
+            match gate.admit(peer) {
+                Ok(slot) => admitted.push((stream, since, slot)),
                 Err(why) if now.duration_since(since) >= MAX_WAIT_FOR_SLOT => {
                     log::debug!("webhook: closing connection peer={peer}: {why} for too long");
-                    true
                 }
-                Err(_) => {
-                    kept.push_back((stream, peer, since));
-                    false
-                }
-            };
-            if done {
-                if let Some(n) = self.per_peer.get_mut(&peer) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.per_peer.remove(&peer);
-                    }
-                }
+                Err(_) => kept.push_back((stream, peer, since, place)),
             }
         }
         self.queue = kept;
@@ -253,70 +242,6 @@ const BODY_BUDGET: usize = 12 << 20;
 const MAX_BODY: usize = 6 << 20;
 /// The longest a body waits for room.
 const MAX_WAIT_FOR_ROOM: Duration = Duration::from_secs(10);
-
-#[derive(Default)]
-struct Budget {
-    /// Bytes held in all, and by peer.
-    used: Mutex<(usize, std::collections::HashMap<IpAddr, usize>)>,
-    freed: std::sync::Condvar,
-}
-
-/// Room taken in the [`Budget`]; given back when dropped.
-struct Room<'a> {
-    budget: &'a Budget,
-    peer: IpAddr,
-    bytes: usize,
-}
-
-impl Budget {
-    /// Room for `bytes` of `peer` out of `capacity`, of which one peer holds `per_peer` at
-    /// most, waiting until `deadline` at most.
-    fn take(
-        &self,
-        peer: IpAddr,
-        bytes: usize,
-        (capacity, per_peer): (usize, usize),
-        deadline: Instant,
-    ) -> Option<Room<'_>> {
-        let mut used = lock(&self.used);
-        loop {
-            let of_peer = used.1.get(&peer).copied().unwrap_or(0);
-            if used.0 + bytes <= capacity && of_peer + bytes <= per_peer {
-                used.0 += bytes;
-                used.1.insert(peer, of_peer + bytes);
-                return Some(Room {
-                    budget: self,
-                    peer,
-                    bytes,
-                });
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return None;
-            }
-            used = self
-                .freed
-                .wait_timeout(used, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
-        }
-    }
-}
-
-impl Drop for Room<'_> {
-    fn drop(&mut self) {
-        let mut used = lock(&self.budget.used);
-        used.0 -= self.bytes;
-        if let Some(n) = used.1.get_mut(&self.peer) {
-            *n -= self.bytes;
-            if *n == 0 {
-                used.1.remove(&self.peer);
-            }
-        }
-        drop(used);
-        self.budget.freed.notify_all();
-    }
-}
 
 /// Serves one connection accepted at `accepted` (its caller's patience counts from then).
 fn serve_conn(stream: TcpStream, accepted: Instant, tls: &Tls, webhook: &Webhook) {
@@ -352,12 +277,9 @@ fn serve_conn(stream: TcpStream, accepted: Instant, tls: &Tls, webhook: &Webhook
     let mut no_room = false;
     let response = match http::read_head(&mut reader, &limits) {
         Ok(head) => match http::body_length(&head, &limits).and_then(|n| {
-            _room = webhook.budget.take(
-                peer,
-                n,
-                (BODY_BUDGET, MAX_BODY),
-                Instant::now() + MAX_WAIT_FOR_ROOM,
-            );
+            _room = webhook
+                .budget
+                .wait(peer, n, Instant::now() + MAX_WAIT_FOR_ROOM);
             no_room = _room.is_none();
             match _room {
                 Some(_) => {
@@ -404,13 +326,7 @@ impl Webhook {
             .map(Value::take)
             .unwrap_or_default();
         let uid = request.get("uid").cloned().unwrap_or(Value::Null);
-        let field = |pointer: &str| {
-            request
-                .pointer(pointer)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
+        let field = |pointer: &str| text_at(&request, pointer).to_string();
         let (kind, namespace, name) = (field("/kind/kind"), field("/namespace"), field("/name"));
         let started = Instant::now();
         let verdict = self.decide(request, peer, given_up);
@@ -444,21 +360,10 @@ impl Webhook {
     }
 
     fn decide(&self, mut request: Value, peer: IpAddr, given_up: Instant) -> Result<(), Denial> {
-        let text = |pointer: &str| {
-            request
-                .pointer(pointer)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string()
-        };
+        let text = |pointer: &str| text_at(&request, pointer).to_string();
         let (group, version) = (text("/resource/group"), text("/resource/version"));
         let (resource, operation) = (text("/resource/resource"), text("/operation"));
-        let (group, version, resource, operation) = (
-            group.as_str(),
-            version.as_str(),
-            resource.as_str(),
-            operation.as_str(),
-        );
+        let (group, version, resource, operation) = (&*group, &*version, &*resource, &*operation);
         // Taken, not copied: a review holds one copy of its object at most.
         let object = request
             .get_mut("object")
@@ -712,6 +617,14 @@ impl Webhook {
     }
 }
 
+/// The string at `pointer` in `value`, or "".
+fn text_at<'a>(value: &'a Value, pointer: &str) -> &'a str {
+    value
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
 enum Denial {
     Invalid(String),
     Error(String),
@@ -725,39 +638,38 @@ mod tests {
     /// back, or until its deadline.
     #[test]
     fn bodies_wait_for_room_in_the_budget() {
-        let budget = Budget::default();
+        let budget = ConnectionGate::new(12, 8);
         let (a, b, c): (IpAddr, IpAddr, IpAddr) = (
             "10.0.0.1".parse().unwrap(),
             "10.0.0.2".parse().unwrap(),
             "10.0.0.3".parse().unwrap(),
         );
         let soon = || Instant::now() + Duration::from_millis(50);
-        let first = budget.take(a, 8, (12, 8), soon()).expect("room");
+        let first = budget.wait(a, 8, soon()).expect("room");
         assert!(
-            budget.take(b, 8, (12, 8), soon()).is_none(),
+            budget.wait(b, 8, soon()).is_none(),
             "no room until given back"
         );
         assert!(
-            budget.take(a, 2, (12, 8), soon()).is_none(),
+            budget.wait(a, 2, soon()).is_none(),
             "a peer holds its share at most"
         );
-        let small = budget
-            .take(b, 4, (12, 8), soon())
-            .expect("what fits goes in");
+        let small = budget.wait(b, 4, soon()).expect("what fits goes in");
         drop(small);
         std::thread::scope(|scope| {
             let waiter = scope.spawn(|| {
                 budget
-                    .take(c, 8, (12, 8), Instant::now() + Duration::from_secs(10))
-                    .map(|room| room.bytes)
+                    .wait(c, 8, Instant::now() + Duration::from_secs(10))
+                    .is_some()
             });
             // The waiter is woken by the room given back, long before its deadline.
             std::thread::sleep(Duration::from_millis(20));
             drop(first);
-            assert_eq!(waiter.join().unwrap(), Some(8));
+            assert!(waiter.join().unwrap());
         });
-        let used = lock(&budget.used);
-        assert_eq!((used.0, used.1.len()), (0, 0));
+        // All given back: the whole budget is free.
+        let _x = budget.wait(a, 8, soon()).expect("room");
+        let _y = budget.wait(b, 4, soon()).expect("room");
     }
 
     /// Connections beyond their peer's share wait, oldest first, and get a slot when one is
@@ -774,7 +686,7 @@ mod tests {
         };
         let gate = ConnectionGate::new(64, 1);
         let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
-        let mut waiting = Waiting::default();
+        let mut waiting = Waiting::new();
         let mut clients = Vec::new();
         for peer in [a, a, a, b] {
             let (server, client) = connect();
@@ -792,7 +704,6 @@ mod tests {
         assert_eq!(waiting.queue.len(), 1);
         assert!(waiting.admit(&gate, t0 + MAX_WAIT_FOR_SLOT).is_empty());
         assert!(waiting.is_empty(), "waited too long: closed");
-        assert!(waiting.per_peer.is_empty());
         drop(second);
         for _ in 0..MAX_WAITING_PER_PEER + 3 {
             let (server, client) = connect();
