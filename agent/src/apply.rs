@@ -18,7 +18,9 @@ use crate::files::{
 use crate::haproxy::{Haproxy, ProcInfo, SOCKET_PATIENCE};
 use crate::protocol::{sha256_hex, ApplyRecord, ApplyResponse, Bundle, Drift, ErrorBody};
 use crate::runtime;
-use crate::state::{now_rfc3339, Journal, Manifest, ManifestEntry, Persisted, Phase, StateDir};
+use crate::state::{
+    now_rfc3339, Journal, Manifest, ManifestEntry, PendingReload, Persisted, Phase, StateDir,
+};
 
 /// Holds the apply lock and clears the busy flag when dropped.
 struct BusyGuard<'a> {
@@ -168,7 +170,7 @@ impl Agent {
             agent.recover(&mut inner)?;
             inner.applied = agent.load_applied(&inner.persisted);
             if agent.haproxy.master_socket.exists() {
-                let _ = agent.refresh(&mut inner);
+                let _ = agent.refresh(&mut inner, true);
             }
             inner.drift = agent.drift(&inner.persisted);
         }
@@ -213,7 +215,7 @@ impl Agent {
         let _guard = self.begin()?;
         // Only holders of the apply lock change `inner`, so working on a copy is race-free.
         let mut inner = lock(&self.inner).clone();
-        let _ = self.refresh(&mut inner);
+        let _ = self.refresh(&mut inner, true);
         let outcome = self.apply_locked(&mut inner, &req, started);
         if !req.dry_run {
             let record = match &outcome {
@@ -448,15 +450,25 @@ impl Agent {
             let t = Instant::now();
             match self.haproxy.reload() {
                 Ok(outcome) => response.worker_pid_after = outcome.worker_pid_after,
+                Err(e) if e.unconfirmed => {
+                    return Err(self.await_reload(inner, &journal, before, &e));
+                }
                 Err(e) => {
                     if checked_by == Some("controller") {
                         inner.failed_unchecked = Some(hash.to_string());
                     }
-                    return Err(undo(
+                    let failed = undo(
                         502,
                         "reload_failed",
                         format!("{e}; the previous files were restored"),
-                    ));
+                    );
+                    if !response.commands.is_empty() {
+                        // Runtime commands of this bundle went to the worker that keeps
+                        // serving: it runs neither bundle, so the next apply must reload.
+                        log::warn!("the serving worker took runtime commands of a bundle that was rolled back; mode=bootstrap");
+                        unsettle(inner);
+                    }
+                    return Err(failed);
                 }
             }
             timings.insert("reload".to_string(), millis(t));
@@ -468,13 +480,12 @@ impl Agent {
                 .and_then(|p| p.worker_pid());
         }
         self.delete_stale(&inner.persisted.files, &journal.manifest);
-        let p = &mut inner.persisted;
-        p.bundle = Some(hash.to_string());
-        p.config_sha256 = Some(journal.config_sha256.clone());
-        p.files = journal.manifest.clone();
-        p.generation += 1;
-        p.applied_at = Some(now_rfc3339());
-        p.master_pid = Some(before.master_pid);
+        inner.persisted.settle(
+            hash.to_string(),
+            journal.config_sha256.clone(),
+            journal.manifest.clone(),
+            Some(before.master_pid),
+        );
         inner.applied = Some(bundle.clone());
         self.state_dir
             .save_state(&inner.persisted)
@@ -533,6 +544,50 @@ impl Agent {
         Ok(journal)
     }
 
+    /// A reload HAProxy did not confirm: its master may still be reading the new files, so they
+    /// stay (restoring the previous ones under it could load a mix of both). The agent reports
+    /// bootstrap mode, remembers what the reload may load, and settles it from `show proc`
+    /// ([`Agent::settle_pending_reload`]); an apply before that reloads. Returns the 504 answer.
+    pub(crate) fn await_reload(
+        &self,
+        inner: &mut Inner,
+        journal: &Journal,
+        before: &ProcInfo,
+        error: &crate::haproxy::ReloadError,
+    ) -> ApplyError {
+        log::warn!(
+            "reload unconfirmed bundle={}: {error}; its files stay in place, mode=bootstrap until HAProxy tells how it ended",
+            journal.bundle
+        );
+        let p = &mut inner.persisted;
+        // Both manifests: the next apply deletes whatever of either it does not keep.
+        for (path, entry) in &journal.manifest {
+            p.files.insert(path.clone(), entry.clone());
+        }
+        p.pending_reload = Some(PendingReload {
+            bundle: journal.bundle.clone(),
+            config_sha256: journal.config_sha256.clone(),
+            manifest: journal.manifest.clone(),
+            master_pid: before.master_pid,
+            reloads: before.reloads,
+            failed: before.failed,
+            worker_pid: before.worker_pid(),
+        });
+        unsettle(inner);
+        if let Err(e) = self.state_dir.save_state(&inner.persisted) {
+            log::error!("saving state failed: {e}");
+        }
+        let _ = self.state_dir.clear_journal();
+        let _ = self.disk.clean_work_areas();
+        let mut e = ApplyError::new(
+            504,
+            "reload_unconfirmed",
+            format!("{error}; HAProxy may still be loading this bundle, whose files stay in place; the agent reports bootstrap mode until HAProxy tells how the reload ended"),
+        );
+        e.body.rolled_back = Some(false);
+        e
+    }
+
     /// Deletes files the previous bundle had and the new one does not (only files the agent
     /// wrote: the manifest says which).
     pub(crate) fn delete_stale(&self, old: &Manifest, new: &Manifest) {
@@ -554,10 +609,10 @@ impl Agent {
     pub fn force_reload(&self) -> Result<ApplyResponse, ApplyError> {
         let started = Instant::now();
         let _guard = self.begin()?;
-        let outcome = self
-            .haproxy
-            .reload()
-            .map_err(|e| ApplyError::new(502, "reload_failed", e.to_string()))?;
+        let outcome = self.haproxy.reload().map_err(|e| match e.unconfirmed {
+            true => ApplyError::new(504, "reload_unconfirmed", e.to_string()),
+            false => ApplyError::new(502, "reload_failed", e.to_string()),
+        })?;
         let mut inner = lock(&self.inner);
         let response = ApplyResponse {
             result: "reload".into(),
@@ -583,6 +638,13 @@ impl Agent {
         let _ = self.state_dir.save_state(&inner.persisted);
         Ok(response)
     }
+}
+
+/// HAProxy serves what the agent applied, but not what the state says: report bootstrap mode
+/// (the controller pushes in full, with `If-Match: *`) and reload on the next apply.
+fn unsettle(inner: &mut Inner) {
+    inner.persisted.unsettle();
+    inner.applied = None;
 }
 
 fn accept_epoch(inner: &mut Inner, epoch: Option<u64>) {

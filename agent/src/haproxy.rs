@@ -138,6 +138,23 @@ pub struct ReloadOutcome {
     pub duration: Duration,
 }
 
+/// A reload that did not succeed.
+#[derive(Debug)]
+pub struct ReloadError {
+    pub error: HaproxyError,
+    /// HAProxy was asked to reload and has not told how it ended: its master may still be
+    /// reading the files on disk and start a worker from them, so they must stay as they are.
+    /// Otherwise the reload was never asked for, or HAProxy refused it and the previous worker
+    /// serves what the previous files said.
+    pub unconfirmed: bool,
+}
+
+impl fmt::Display for ReloadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
 impl Haproxy {
     /// Sends `input` (a command line, optionally followed by a payload) and returns everything
     /// HAProxy answers until it closes the connection.
@@ -147,26 +164,8 @@ impl Haproxy {
         input: &str,
         timeout: Duration,
     ) -> Result<String, HaproxyError> {
-        let what = || format!("{} on {}", first_line(input), socket.display());
-        let mut stream =
-            UnixStream::connect(socket).map_err(|e| err(what(), format!("connect: {e}")))?;
-        stream
-            .set_read_timeout(Some(timeout))
-            .map_err(|e| err(what(), e))?;
-        stream
-            .set_write_timeout(Some(timeout))
-            .map_err(|e| err(what(), e))?;
-        stream
-            .write_all(input.as_bytes())
-            .map_err(|e| err(what(), format!("write: {e}")))?;
-        // Closing our side tells HAProxy the command (and payload) is complete; it answers and
-        // then closes its side.
-        let _ = stream.shutdown(std::net::Shutdown::Write);
-        let mut reply = Vec::new();
-        stream
-            .read_to_end(&mut reply)
-            .map_err(|e| err(what(), format!("read: {e}")))?;
-        Ok(String::from_utf8_lossy(&reply).into_owned())
+        let stream = connect(socket, input)?;
+        exchange(stream, socket, input, timeout)
     }
 
     /// A command for the master process itself (`show proc`, `reload`).
@@ -214,25 +213,39 @@ impl Haproxy {
 
     /// Sends `reload` to the master and waits for the outcome: on 2.7+ the `Success=` reply, on
     /// 2.6 (which answers nothing) the `show proc` counters and a new worker pid.
-    pub fn reload(&self) -> Result<ReloadOutcome, HaproxyError> {
+    pub fn reload(&self) -> Result<ReloadOutcome, ReloadError> {
         let started = Instant::now();
-        let before = self.show_proc(SOCKET_PATIENCE)?;
-        let reply = self.converse(&self.master_socket, "reload\n", self.reload_timeout)?;
+        let settled = |error| ReloadError {
+            error,
+            unconfirmed: false,
+        };
+        let unconfirmed = |error| ReloadError {
+            error,
+            unconfirmed: true,
+        };
+        let before = self.show_proc(SOCKET_PATIENCE).map_err(settled)?;
+        // Not connected: the master was never asked. From the first byte written on, it may
+        // have been, whatever the socket says next.
+        let stream = connect(&self.master_socket, "reload").map_err(settled)?;
+        let reply = exchange(stream, &self.master_socket, "reload\n", self.reload_timeout)
+            .map_err(unconfirmed)?;
         if reply.contains("Success=0") {
-            return Err(err(
+            return Err(settled(err(
                 "reload",
                 format!("HAProxy refused the new configuration: {}", reply.trim()),
-            ));
+            )));
         }
         let deadline = started + self.reload_timeout;
         loop {
-            let now = self.show_proc(deadline.saturating_duration_since(Instant::now()))?;
+            let now = self
+                .show_proc(deadline.saturating_duration_since(Instant::now()))
+                .map_err(unconfirmed)?;
             if now.reloads > before.reloads || reply.contains("Success=1") {
                 if now.failed > 0 && !reply.contains("Success=1") {
-                    return Err(err(
+                    return Err(settled(err(
                         "reload",
                         format!("the master reports a failed reload (failed: {}); the previous worker keeps serving", now.failed),
-                    ));
+                    )));
                 }
                 let after = now.worker_pid();
                 if after.is_some() && after != before.worker_pid() {
@@ -244,10 +257,10 @@ impl Haproxy {
                 }
             }
             if Instant::now() >= deadline {
-                return Err(err(
+                return Err(unconfirmed(err(
                     "reload",
                     format!("no new worker within {:?}", self.reload_timeout),
-                ));
+                )));
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -295,6 +308,41 @@ impl Haproxy {
 
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or("")
+}
+
+fn connect(socket: &Path, input: &str) -> Result<UnixStream, HaproxyError> {
+    UnixStream::connect(socket).map_err(|e| {
+        err(
+            format!("{} on {}", first_line(input), socket.display()),
+            format!("connect: {e}"),
+        )
+    })
+}
+
+/// Writes `input` on a connected socket, closes the writing side (the command, and payload, is
+/// complete: HAProxy answers and then closes its side) and reads the answer.
+fn exchange(
+    mut stream: UnixStream,
+    socket: &Path,
+    input: &str,
+    timeout: Duration,
+) -> Result<String, HaproxyError> {
+    let what = || format!("{} on {}", first_line(input), socket.display());
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| err(what(), e))?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|e| err(what(), e))?;
+    stream
+        .write_all(input.as_bytes())
+        .map_err(|e| err(what(), format!("write: {e}")))?;
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let mut reply = Vec::new();
+    stream
+        .read_to_end(&mut reply)
+        .map_err(|e| err(what(), format!("read: {e}")))?;
+    Ok(String::from_utf8_lossy(&reply).into_owned())
 }
 
 #[cfg(test)]

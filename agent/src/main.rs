@@ -230,8 +230,12 @@ fn init(raw: &[String]) -> Result<(), String> {
         }
     }
     haptic_agent::state::write_atomic(&config_dir.join(haptic_agent::files::CONFIG_FILE), &text)?;
-    state.bundle = None;
-    state.config_sha256 = None;
+    if let Some(pending) = state.pending_reload.take() {
+        for (path, entry) in pending.manifest {
+            state.files.entry(path).or_insert(entry);
+        }
+    }
+    state.forget_bundle();
     state.master_pid = None;
     // The state (with the manifest the next apply cleans up after) before the journal goes:
     // stopped in between, the next init finds the journal again.

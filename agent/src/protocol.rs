@@ -369,6 +369,10 @@ pub struct AgentState {
     /// Another apply is running.
     #[serde(default)]
     pub busy: bool,
+    /// A bundle whose reload HAProxy has not confirmed: its files are on disk, and HAProxy
+    /// serves it or the bundle before it (mode is `bootstrap` until the agent knows which).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_reload: Option<String>,
 }
 
 /// What the master socket says about HAProxy.

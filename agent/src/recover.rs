@@ -55,14 +55,14 @@ impl Agent {
             for (path, entry) in &journal.manifest {
                 p.files.entry(path.clone()).or_insert_with(|| entry.clone());
             }
-            p.bundle = None;
-            p.config_sha256 = None;
+            p.forget_bundle();
             inner.applied = None;
             self.state_dir.save_state(p)?;
             self.state_dir.clear_journal()?;
             return self.disk.clean_work_areas();
         }
         let finished = journal.phase == Phase::Committed && {
+            let before = self.haproxy.show_proc(SOCKET_PATIENCE);
             match self.haproxy.reload() {
                 Ok(outcome) => {
                     log::info!(
@@ -71,6 +71,18 @@ impl Agent {
                         outcome.worker_pid_after
                     );
                     true
+                }
+                Err(e) if e.unconfirmed && before.is_ok() => {
+                    let answer = self.await_reload(inner, &journal, before.as_ref().unwrap(), &e);
+                    inner.persisted.last_apply = Some(ApplyRecord {
+                        at: now_rfc3339(),
+                        result: "failed".into(),
+                        bundle: Some(journal.bundle.clone()),
+                        status: answer.status,
+                        error: Some(format!("{}: {}", answer.body.error, answer.body.detail)),
+                        timings_ms: BTreeMap::new(),
+                    });
+                    return self.state_dir.save_state(&inner.persisted);
                 }
                 Err(e) => {
                     log::error!(
@@ -83,17 +95,17 @@ impl Agent {
         };
         let result = if finished {
             self.delete_stale(&inner.persisted.files, &journal.manifest);
-            let p = &mut inner.persisted;
-            p.bundle = Some(journal.bundle.clone());
-            p.config_sha256 = Some(journal.config_sha256.clone());
-            p.files = journal.manifest.clone();
-            p.generation += 1;
-            p.applied_at = Some(now_rfc3339());
-            p.master_pid = self
+            let master_pid = self
                 .haproxy
                 .show_proc(SOCKET_PATIENCE)
                 .ok()
                 .map(|i| i.master_pid);
+            inner.persisted.settle(
+                journal.bundle.clone(),
+                journal.config_sha256.clone(),
+                journal.manifest.clone(),
+                master_pid,
+            );
             "reload"
         } else {
             self.disk.restore(&journal.replaced, &journal.created)?;
@@ -118,11 +130,16 @@ impl Agent {
     /// Reads `show proc`; notices a restarted HAProxy master. If the new master runs a
     /// configuration other than the applied one (the container copied its bootstrap config), the
     /// agent forgets the applied bundle and reports `bootstrap` until the next apply.
-    pub(crate) fn refresh(&self, inner: &mut Inner) -> Result<ProcInfo, String> {
+    /// With `settle` (only under the apply lock: settling deletes stale files) it also tells
+    /// how an unconfirmed reload ended.
+    pub(crate) fn refresh(&self, inner: &mut Inner, settle: bool) -> Result<ProcInfo, String> {
         let proc = self
             .haproxy
             .show_proc(SOCKET_PATIENCE)
             .map_err(|e| e.to_string())?;
+        if settle {
+            self.settle_pending_reload(inner, &proc)?;
+        }
         let p = &mut inner.persisted;
         if p.master_pid != Some(proc.master_pid) {
             let on_disk = hash_file(&self.root.join(CONFIG_FILE))?;
@@ -131,9 +148,15 @@ impl Agent {
                     "HAProxy master restarted master_pid={} with a configuration the agent did not apply; mode=bootstrap",
                     proc.master_pid
                 );
-                p.bundle = None;
-                p.config_sha256 = None;
+                p.forget_bundle();
                 inner.applied = None;
+            } else if p.unsettled {
+                // It loaded whatever is on disk; which bundle that is, the next apply says.
+                log::warn!(
+                    "HAProxy master restarted master_pid={} while the applied bundle was unknown; mode=bootstrap",
+                    proc.master_pid
+                );
+                p.forget_bundle();
             } else if p.bundle.is_some() {
                 log::info!(
                     "HAProxy master restarted master_pid={} with the applied configuration",
@@ -144,6 +167,67 @@ impl Agent {
             self.state_dir.save_state(p)?;
         }
         Ok(proc)
+    }
+
+    /// Tells how an unconfirmed reload ([`Agent::await_reload`]) ended, once `show proc` does:
+    /// a new worker (or a new master, started while haproxy.cfg is the pending one) loaded
+    /// the pending bundle, which becomes the applied one; a failed reload leaves bootstrap mode.
+    /// Until then nothing changes.
+    fn settle_pending_reload(&self, inner: &mut Inner, proc: &ProcInfo) -> Result<(), String> {
+        let Some(pending) = inner.persisted.pending_reload.clone() else {
+            return Ok(());
+        };
+        let restarted = proc.master_pid != pending.master_pid;
+        let reloaded = proc.reloads > pending.reloads;
+        // HAProxy 3.1 and later list a new worker while it still reads its configuration, and
+        // the previous worker answers `@1` until then: the new one has loaded when it answers.
+        let new_worker = proc
+            .worker_pid()
+            .filter(|pid| Some(*pid) != pending.worker_pid)
+            .is_some_and(|pid| self.worker_answers(pid));
+        let loaded = (restarted || reloaded) && new_worker;
+        let refused = reloaded && proc.failed > pending.failed;
+        if !(loaded || restarted || refused) {
+            return Ok(());
+        }
+        let p = &mut inner.persisted;
+        p.pending_reload = None;
+        let on_disk = hash_file(&self.root.join(CONFIG_FILE))?;
+        if loaded && on_disk.as_deref() == Some(pending.config_sha256.as_str()) {
+            log::info!(
+                "HAProxy confirmed the reload of bundle={} worker_pid={:?}",
+                pending.bundle,
+                proc.worker_pid()
+            );
+            self.delete_stale(&p.files, &pending.manifest);
+            p.settle(
+                pending.bundle,
+                pending.config_sha256,
+                pending.manifest,
+                Some(proc.master_pid),
+            );
+            inner.applied = self.load_applied(&inner.persisted);
+        } else {
+            if restarted {
+                p.forget_bundle();
+            }
+            log::warn!(
+                "the unconfirmed reload of bundle={} did not load it (master reloads={} failed={} worker_pid={:?}); mode=bootstrap until the next apply",
+                pending.bundle,
+                proc.reloads,
+                proc.failed,
+                proc.worker_pid()
+            );
+        }
+        self.state_dir.save_state(&inner.persisted)
+    }
+
+    /// Whether the worker HAProxy's runtime API reaches is `pid`.
+    fn worker_answers(&self, pid: u32) -> bool {
+        let expected = format!("Pid: {pid}");
+        self.haproxy
+            .runtime("show info", None)
+            .is_ok_and(|info| info.lines().any(|l| l.trim() == expected))
     }
 
     /// Compares disk with the manifest of the applied bundle.

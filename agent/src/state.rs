@@ -39,6 +39,64 @@ pub struct Persisted {
     /// restarted and may run a different configuration.
     pub master_pid: Option<u32>,
     pub last_apply: Option<ApplyRecord>,
+    /// A reload HAProxy was asked for and did not confirm in time: its files stay on disk, and
+    /// the agent reports bootstrap mode until `show proc` tells how the reload ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending_reload: Option<PendingReload>,
+    /// HAProxy serves bundles the agent applied, but which one (or which mix of two) is not
+    /// known: after an unconfirmed reload, or runtime commands of a bundle that was rolled
+    /// back. Pushes see bootstrap mode (the next apply reloads); readiness stays, as HAProxy
+    /// serves checked configurations, not the bootstrap one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unsettled: bool,
+}
+
+impl Persisted {
+    /// HAProxy runs a configuration the agent did not write.
+    pub fn forget_bundle(&mut self) {
+        self.bundle = None;
+        self.config_sha256 = None;
+        self.pending_reload = None;
+        self.unsettled = false;
+    }
+
+    /// HAProxy runs what the agent applied, but the agent no longer knows which bundle.
+    pub fn unsettle(&mut self) {
+        self.bundle = None;
+        self.config_sha256 = None;
+        self.unsettled = true;
+    }
+
+    /// HAProxy runs `bundle`, whose haproxy.cfg has `config_sha256` and whose files are
+    /// `manifest`, from master `master_pid`.
+    pub fn settle(
+        &mut self,
+        bundle: String,
+        config_sha256: String,
+        manifest: Manifest,
+        master_pid: Option<u32>,
+    ) {
+        self.bundle = Some(bundle);
+        self.config_sha256 = Some(config_sha256);
+        self.files = manifest;
+        self.generation += 1;
+        self.applied_at = Some(now_rfc3339());
+        self.master_pid = master_pid;
+        self.pending_reload = None;
+        self.unsettled = false;
+    }
+}
+
+/// The bundle an unconfirmed reload may load, and HAProxy as it was before that reload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingReload {
+    pub bundle: String,
+    pub config_sha256: String,
+    pub manifest: Manifest,
+    pub master_pid: u32,
+    pub reloads: u64,
+    pub failed: u64,
+    pub worker_pid: Option<u32>,
 }
 
 /// Where an interrupted apply stopped.

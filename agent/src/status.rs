@@ -16,7 +16,7 @@ impl Agent {
                 .show_proc(SOCKET_PATIENCE)
                 .map_err(|e| e.to_string())
         } else {
-            let proc = self.refresh(&mut inner);
+            let proc = self.refresh(&mut inner, false);
             inner.drift = self.drift(&inner.persisted);
             proc
         };
@@ -55,6 +55,7 @@ impl Agent {
             last_apply: p.last_apply.clone(),
             drift: inner.drift.clone(),
             busy,
+            pending_reload: p.pending_reload.as_ref().map(|r| r.bundle.clone()),
         }
     }
 
@@ -63,7 +64,8 @@ impl Agent {
         self.haproxy
             .show_proc(SOCKET_PATIENCE)
             .map_err(|e| format!("HAProxy does not answer: {e}"))?;
-        if lock(&self.inner).persisted.bundle.is_none() {
+        let inner = lock(&self.inner);
+        if inner.persisted.bundle.is_none() && !inner.persisted.unsettled {
             return Err("no bundle applied yet (bootstrap configuration)".into());
         }
         Ok(())

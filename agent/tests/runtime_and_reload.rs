@@ -563,3 +563,187 @@ fn refused_runtime_command_falls_back_to_a_reload_with_the_new_files() {
     assert!(env.runtime("get weight be_a/SRV_1").starts_with("20 "));
     assert_eq!(http_get(&env.fe, "a.example").unwrap(), "a1");
 }
+
+/// A `global` line loading a Lua file that keeps HAProxy reading its configuration for `secs`
+/// seconds of CPU time (Lua runs as the configuration is read: by the master on 2.6, by the new
+/// worker on 3.1 and later).
+fn slow_lua(env: &Env, secs: u32) -> String {
+    let path = env.root.join("slow.lua");
+    std::fs::write(
+        &path,
+        format!("local t = os.clock()\nwhile os.clock() - t < {secs} do end\n"),
+    )
+    .unwrap();
+    format!("    lua-load {}\n", path.display())
+}
+
+fn with_global(cfg: String, line: &str) -> String {
+    cfg.replacen("global\n", &format!("global\n{line}"), 1)
+}
+
+fn running_version(env: &Env) -> String {
+    env.state()["haproxy"]["version"]
+        .as_str()
+        .expect("the running HAProxy's version")
+        .to_string()
+}
+
+#[test]
+fn a_reload_slower_than_the_timeout_keeps_its_files_and_is_confirmed_later() {
+    let env = Env::start(Options {
+        agent_args: vec!["--reload-timeout-secs".into(), "1".into()],
+        ..Options::default()
+    });
+    let (a1, b1) = (backend("a1"), backend("b1"));
+    let servers = [format!("server SRV_1 127.0.0.1:{a1} enabled")];
+    let v1 = bundle(config(&env, &servers, b1, ""), "");
+    env.apply(&v1, "reload");
+    let pid = env.worker_pid();
+
+    // v2 takes HAProxy 4 s to load, past the agent's 1 s. Restoring v1's files under it
+    // would have it load v2's configuration with v1's map.
+    let v2 = bundle(
+        with_global(config(&env, &servers, b1, ""), &slow_lua(&env, 4)),
+        "a.example be_b\n",
+    );
+    let running = running_version(&env);
+    let (status, body) = env.put_with(&v2, "", &[(api::CHECKED_WITH, &running)]);
+    assert_eq!(status, 504, "{body:#}");
+    assert_eq!(body["error"], "reload_unconfirmed");
+    assert_eq!(body["rolled_back"], false);
+    assert_eq!(
+        env.disk("maps/host.map").unwrap(),
+        "a.example be_b\n",
+        "the files HAProxy may be reading stay"
+    );
+    assert!(env.disk("haproxy.cfg").unwrap().contains("lua-load"));
+    let state = env.state();
+    assert_eq!(state["mode"], "bootstrap", "{state:#}");
+    assert_eq!(state["pending_reload"], v2.hash().as_str(), "{state:#}");
+    assert_eq!(
+        probe(&env.ip, env.probe_port, "/readyz").unwrap().0,
+        200,
+        "HAProxy serves v1 or v2, both checked: the pod stays ready"
+    );
+
+    // HAProxy finishes loading v2, all of it.
+    wait_for(
+        "the new worker to serve v2",
+        Duration::from_secs(30),
+        || (http_get(&env.fe, "a.example").ok()? == "b1").then_some(()),
+    );
+    assert_ne!(env.worker_pid(), pid);
+    // Pushed again, v2 is found loaded: no second (slow) reload.
+    env.apply(&v2, "no_change");
+    let state = env.state();
+    assert_eq!(state["mode"], "applied", "{state:#}");
+    assert_eq!(state["bundle"], v2.hash().as_str());
+    assert!(state.get("pending_reload").is_none(), "{state:#}");
+}
+
+#[test]
+fn a_reload_haproxy_refuses_after_the_timeout_is_not_taken_for_applied() {
+    let env = Env::start(Options {
+        agent_args: vec!["--reload-timeout-secs".into(), "1".into()],
+        ..Options::default()
+    });
+    let (a1, b1) = (backend("a1"), backend("b1"));
+    let servers = [format!("server SRV_1 127.0.0.1:{a1} enabled")];
+    let v1 = bundle(config(&env, &servers, b1, ""), "");
+    env.apply(&v1, "reload");
+    let pid = env.worker_pid();
+
+    // Slow to load, and then refused: a port someone else holds only fails when bound.
+    let blocker = TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = blocker.local_addr().unwrap().port();
+    let extra = format!("frontend fe_taken\n    bind 127.0.0.1:{taken}\n");
+    let v2 = bundle(
+        with_global(config(&env, &servers, b1, &extra), &slow_lua(&env, 3)),
+        "a.example be_b\n",
+    );
+    let running = running_version(&env);
+    let (status, body) = env.put_with(&v2, "", &[(api::CHECKED_WITH, &running)]);
+    assert_eq!(status, 504, "{body:#}");
+    wait_for(
+        "HAProxy to report the failed reload",
+        Duration::from_secs(30),
+        || {
+            let failed = env.state()["haproxy"]["failed_reloads"].as_u64()?;
+            (failed > 0).then_some(())
+        },
+    );
+    assert_eq!(env.worker_pid(), pid, "the old worker keeps serving");
+    assert_eq!(http_get(&env.fe, "a.example").unwrap(), "a1");
+    assert_eq!(
+        probe(&env.ip, env.probe_port, "/readyz").unwrap().0,
+        200,
+        "the old worker serves v1: the pod stays ready"
+    );
+
+    // With the port free, v2 pushed again is reloaded (slowly again), not taken for loaded.
+    drop(blocker);
+    let (status, body) = env.put_with(&v2, "", &[(api::CHECKED_WITH, &running)]);
+    assert_eq!(status, 504, "{body:#}");
+    wait_for(
+        "the new worker to serve v2",
+        Duration::from_secs(30),
+        || (http_get(&env.fe, "a.example").ok()? == "b1").then_some(()),
+    );
+    env.apply(&v2, "no_change");
+    assert_eq!(env.state()["bundle"], v2.hash().as_str());
+}
+
+#[test]
+fn runtime_commands_of_a_bundle_whose_fallback_reload_failed_are_undone_by_the_next_apply() {
+    let env = Env::start(Options::default());
+    let (a1, a2, b1) = (backend("a1"), backend("a2"), backend("b1"));
+    // A Lua file outside the bundle that every reload loads (as a file on a mounted volume).
+    let lua = env.root.join("ext.lua");
+    std::fs::write(&lua, "-- fine\n").unwrap();
+    let lua_line = format!("    lua-load {}\n", lua.display());
+    // static-rr refuses runtime weights other than 0% and 100%.
+    let cfg = |srv1: u16, w2: u32| {
+        with_global(
+            config(
+                &env,
+                &[
+                    format!("server SRV_1 127.0.0.1:{srv1} enabled"),
+                    format!("server SRV_2 127.0.0.1:{a1} enabled weight {w2}"),
+                ],
+                b1,
+                "",
+            )
+            .replace("balance roundrobin", "balance static-rr"),
+            &lua_line,
+        )
+    };
+    let v1 = bundle(cfg(a1, 10), "");
+    env.apply(&v1, "reload");
+    let pid = env.worker_pid();
+
+    // v2 moves SRV_1 (taken at runtime) and reweighs SRV_2 (refused); the reload it falls
+    // back to fails too, as the Lua file broke in the meantime.
+    std::fs::write(&lua, "error('broken')\n").unwrap();
+    let (status, body) = env.put(&bundle(cfg(a2, 20), ""));
+    assert_eq!(status, 502, "{body:#}");
+    assert_eq!(body["error"], "reload_failed");
+    assert_eq!(env.worker_pid(), pid, "the old worker keeps serving");
+    assert!(
+        env.runtime("show servers state be_a")
+            .contains(&a2.to_string()),
+        "SRV_1 was moved at runtime before the refusal"
+    );
+    let state = env.state();
+    assert_eq!(
+        state["mode"], "bootstrap",
+        "the worker runs neither bundle: {state:#}"
+    );
+    assert_eq!(probe(&env.ip, env.probe_port, "/readyz").unwrap().0, 200);
+
+    // v1 again, with the Lua file fixed: a reload, and only v1's servers serve.
+    std::fs::write(&lua, "-- fine\n").unwrap();
+    env.apply(&v1, "reload");
+    for _ in 0..4 {
+        assert_eq!(http_get(&env.fe, "a.example").unwrap(), "a1");
+    }
+}
