@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use crate::classify::{classify, Classification};
@@ -57,7 +57,8 @@ impl ApplyError {
 /// A `PUT /v1/bundle`, decoded.
 #[derive(Debug, Clone)]
 pub struct ApplyRequest {
-    pub bundle: Bundle,
+    /// Shared with the agent's memory of the applied bundle once applied (never copied).
+    pub bundle: Arc<Bundle>,
     /// `If-Match`: the bundle the sender believes is applied, or `*`.
     pub if_match: Option<String>,
     /// `X-Haptic-Epoch`: the sender's leader epoch.
@@ -72,7 +73,7 @@ pub(crate) struct Inner {
     pub persisted: Persisted,
     /// The applied bundle as read back from disk; `None` when unknown (bootstrap, or disk no
     /// longer matches the manifest), which makes the next apply a reload.
-    pub applied: Option<Bundle>,
+    pub applied: Option<Arc<Bundle>>,
     pub drift: Drift,
     /// A bundle whose reload failed after the agent took the controller's check for it: pushed
     /// again, it is checked here (a 422 instead of another failing reload).
@@ -357,7 +358,7 @@ impl Agent {
     fn execute(
         &self,
         inner: &mut Inner,
-        bundle: &Bundle,
+        bundle: &Arc<Bundle>,
         hash: &str,
         plan: Classification,
         before: &ProcInfo,
@@ -486,7 +487,7 @@ impl Agent {
             journal.manifest.clone(),
             Some(before.master_pid),
         );
-        inner.applied = Some(bundle.clone());
+        inner.applied = Some(Arc::clone(bundle));
         self.state_dir
             .save_state(&inner.persisted)
             .map_err(ApplyError::internal)?;

@@ -3,6 +3,7 @@
 //! disk with the manifest (drift).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::apply::{Agent, Inner};
 use crate::files::{hash_file, CONFIG_FILE};
@@ -12,7 +13,7 @@ use crate::state::{now_rfc3339, Persisted, Phase};
 
 impl Agent {
     /// Reads the applied bundle back from disk; `None` if anything differs from the manifest.
-    pub(crate) fn load_applied(&self, p: &Persisted) -> Option<Bundle> {
+    pub(crate) fn load_applied(&self, p: &Persisted) -> Option<Arc<Bundle>> {
         let expected = p.bundle.as_deref()?;
         let cfg = std::fs::read_to_string(self.root.join(CONFIG_FILE)).ok()?;
         let mut files = Vec::new();
@@ -26,7 +27,7 @@ impl Agent {
         }
         let bundle = Bundle::new(cfg, files);
         if bundle.hash().as_str() == expected {
-            Some(bundle)
+            Some(Arc::new(bundle))
         } else {
             log::warn!("disk no longer holds the applied bundle bundle={expected}; the next apply will reload");
             None

@@ -131,15 +131,15 @@ pub fn serve_api(
         Transport::MutualTls(tls) => serve_tls(&agent, stream, tls, &limits),
         Transport::InsecureBasicAuth(creds) => {
             let mut reader = BufReader::new(stream);
-            handle(&mut reader, &limits, |head, body| {
-                if !authorized(head, &creds.current()) {
-                    return Response::error(
-                        401,
-                        "unauthorized",
-                        "basic credentials missing or wrong",
-                    )
-                    .with_header("WWW-Authenticate", "Basic realm=\"haptic-agent\"");
-                }
+            // The credentials are checked on the head: the body of a caller that has none is
+            // never read (up to --max-body-bytes per connection, for anyone who can connect).
+            let admit = |head: &Head| {
+                (!authorized(head, &creds.current())).then(|| {
+                    Response::error(401, "unauthorized", "basic credentials missing or wrong")
+                        .with_header("WWW-Authenticate", "Basic realm=\"haptic-agent\"")
+                })
+            };
+            handle(&mut reader, &limits, admit, |head, body| {
                 route_api(&agent, head, body)
             })
         }
@@ -157,8 +157,11 @@ pub fn serve_probes(agent: Arc<Agent>, listener: TcpListener, limits: ServerLimi
     };
     serve(listener, probe_limits, move |stream| {
         let mut reader = BufReader::new(stream);
-        handle(&mut reader, &probe_limits, |head, _| {
-            match (head.method.as_str(), head.path.as_str()) {
+        handle(
+            &mut reader,
+            &probe_limits,
+            |_| None,
+            |head, _| match (head.method.as_str(), head.path.as_str()) {
                 ("GET", "/healthz") => Response::text(200, "ok\n"),
                 ("GET", "/readyz") => match agent.ready() {
                     Ok(()) => Response::text(200, "ready\n"),
@@ -169,8 +172,8 @@ pub fn serve_probes(agent: Arc<Agent>, listener: TcpListener, limits: ServerLimi
                     "not_found",
                     format!("no {} {}", head.method, head.path),
                 ),
-            }
-        })
+            },
+        )
     });
 }
 
@@ -239,23 +242,38 @@ fn serve_tls(agent: &Arc<Agent>, stream: TcpStream, tls: &ReloadingTls, limits: 
         return;
     }
     let mut reader = BufReader::new(tls_stream);
-    handle(&mut reader, limits, |head, body| {
-        route_api(agent, head, body)
-    });
+    handle(
+        &mut reader,
+        limits,
+        |_| None,
+        |head, body| route_api(agent, head, body),
+    );
     let stream = reader.get_mut();
     stream.conn.send_close_notify();
     let _ = stream.conn.complete_io(&mut stream.sock);
 }
 
-/// Reads one request, answers it with `route`, and closes.
+/// Reads one request, answers it with `route`, and closes. `refuse` sees the head first: a
+/// response from it is sent without reading the body.
 fn handle<S: Read + Write>(
     reader: &mut BufReader<S>,
     limits: &ServerLimits,
+    refuse: impl FnOnce(&Head) -> Option<Response>,
     route: impl FnOnce(&Head, Vec<u8>) -> Response,
 ) {
     let deadline = Instant::now() + limits.request_timeout;
-    let response = match read_request(reader, limits, deadline) {
-        Ok((head, body)) => route(&head, body),
+    let response = match read_request(reader, limits, deadline, refuse) {
+        Ok(Ok((head, body))) => route(&head, body),
+        Ok(Err((refused, announced))) => {
+            let _ = http::write_response(reader.get_mut(), &refused);
+            // Drop a little of what the client may still be sending, so that it reads the
+            // answer rather than a reset connection; not more (it is not authenticated).
+            let _ = std::io::copy(
+                &mut reader.take(announced.min(1 << 20) as u64),
+                &mut std::io::sink(),
+            );
+            return;
+        }
         Err(ReadError::Closed) => return,
         Err(ReadError::Io(e)) => {
             log::debug!("reading request failed: {e}");
@@ -300,12 +318,19 @@ fn handle<S: Read + Write>(
     }
 }
 
+/// One request, or `refuse`'s answer to its head with the body length it announced.
+#[allow(clippy::type_complexity)]
 fn read_request<S: Read + Write>(
     reader: &mut BufReader<S>,
     limits: &ServerLimits,
     deadline: Instant,
-) -> Result<(Head, Vec<u8>), ReadError> {
+    refuse: impl FnOnce(&Head) -> Option<Response>,
+) -> Result<Result<(Head, Vec<u8>), (Response, usize)>, ReadError> {
     let head = http::read_head(reader, &limits.http)?;
+    if let Some(refused) = refuse(&head) {
+        let announced = http::body_length(&head, &limits.http).unwrap_or(0);
+        return Ok(Err((refused, announced)));
+    }
     let len = http::body_length(&head, &limits.http)?;
     if len > 0
         && head
@@ -315,7 +340,7 @@ fn read_request<S: Read + Write>(
         http::write_continue(reader.get_mut())?;
     }
     let body = http::read_body(reader, len, deadline)?;
-    Ok((head, body))
+    Ok(Ok((head, body)))
 }
 
 fn authorized(head: &Head, creds: &Credentials) -> bool {
@@ -350,7 +375,7 @@ fn route_api(agent: &Agent, head: &Head, body: Vec<u8>) -> Response {
             }
             Err(e) => Response::error(500, "internal", e),
         },
-        ("PUT", api::BUNDLE) => put_bundle(agent, head, &body),
+        ("PUT", api::BUNDLE) => put_bundle(agent, head, body),
         ("POST", "/v1/reload") => match agent.force_reload() {
             Ok(r) => Response::json(200, &r),
             Err(e) => Response::json(e.status, &e.body),
@@ -368,11 +393,13 @@ fn route_api(agent: &Agent, head: &Head, body: Vec<u8>) -> Response {
     }
 }
 
-fn put_bundle(agent: &Agent, head: &Head, body: &[u8]) -> Response {
-    let wire: WireBundle = match serde_json::from_slice(body) {
+fn put_bundle(agent: &Agent, head: &Head, body: Vec<u8>) -> Response {
+    let wire: WireBundle = match serde_json::from_slice(&body) {
         Ok(w) => w,
         Err(e) => return Response::error(400, "bad_bundle", format!("body is not a bundle: {e}")),
     };
+    // Not held through the apply: the bundle has its content now.
+    drop(body);
     let bundle = match Bundle::from_wire(wire) {
         Ok(b) => b,
         Err(e) => return Response::error(400, "bad_bundle", e.to_string()),
@@ -392,7 +419,7 @@ fn put_bundle(agent: &Agent, head: &Head, body: &[u8]) -> Response {
         .query_param("dry_run")
         .is_some_and(|v| matches!(v, "1" | "true" | ""));
     let req = ApplyRequest {
-        bundle,
+        bundle: Arc::new(bundle),
         if_match: head.header(api::IF_MATCH).map(str::to_string),
         epoch,
         checked_with: head.header(api::CHECKED_WITH).map(|v| v.trim().to_string()),

@@ -231,6 +231,22 @@ fn insecure_basic_auth_mode_requires_the_credentials() {
         401,
         "admin with an empty password"
     );
+
+    // Without credentials, a body is never read: announcing 60 MB (under the limit) and
+    // sending none of it gets the 401 at once, not after the body or a timeout.
+    for auth in ["", "Authorization: Basic YWRtaW46bm9wZQ==\r\n"] {
+        let mut s = TcpStream::connect((ip.as_str(), api)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(
+            s,
+            "PUT /v1/bundle HTTP/1.1\r\nHost: x\r\n{auth}Content-Type: application/json\r\nContent-Length: 60000000\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = [0u8; 12];
+        s.read_exact(&mut answer)
+            .expect("an answer before the body was sent");
+        assert_eq!(&answer, b"HTTP/1.1 401", "{auth:?}");
+    }
 }
 
 #[test]
