@@ -334,6 +334,25 @@ impl Agent {
             .haproxy
             .show_proc(SOCKET_PATIENCE)
             .map_err(|e| ApplyError::new(503, "haproxy_unreachable", e.to_string()))?;
+        // A reload the agent was waiting for is still loading (3.1 and later list its worker
+        // at once; 2.6's master does not answer until it has loaded): staging now would change
+        // files under it.
+        if let Some(pending) = &inner.persisted.pending_reload {
+            let loading = before.reloads > pending.reloads
+                && before.worker_pid().is_some_and(|pid| {
+                    Some(pid) != pending.worker_pid && !self.haproxy.worker_answers(pid)
+                });
+            if loading {
+                return Err(ApplyError::new(
+                    503,
+                    "reload_in_progress",
+                    format!(
+                        "HAProxy is still loading bundle {}; retry when it has",
+                        pending.bundle
+                    ),
+                ));
+            }
+        }
         // The controller's check stands for this agent's when it ran the very HAProxy version
         // the master runs (the reload parses the same bytes), unless trusting it failed before.
         let checked_by_controller = req
@@ -451,25 +470,33 @@ impl Agent {
             let t = Instant::now();
             match self.haproxy.reload() {
                 Ok(outcome) => response.worker_pid_after = outcome.worker_pid_after,
-                Err(e) if e.unconfirmed => {
-                    return Err(self.await_reload(inner, &journal, before, &e));
+                Err(e) if !e.refused => {
+                    return Err(self.keep_new_files(
+                        inner,
+                        &journal,
+                        &e,
+                        checked_by == Some("controller"),
+                    ));
                 }
                 Err(e) => {
                     if checked_by == Some("controller") {
                         inner.failed_unchecked = Some(hash.to_string());
                     }
-                    let failed = undo(
-                        502,
-                        "reload_failed",
-                        format!("{e}; the previous files were restored"),
-                    );
                     if !response.commands.is_empty() {
                         // Runtime commands of this bundle went to the worker that keeps
                         // serving: it runs neither bundle, so the next apply must reload.
+                        // Saved before the journal goes, so that a restart knows it too.
                         log::warn!("the serving worker took runtime commands of a bundle that was rolled back; mode=bootstrap");
                         unsettle(inner);
+                        if let Err(e) = self.state_dir.save_state(&inner.persisted) {
+                            log::error!("saving state failed: {e}");
+                        }
                     }
-                    return Err(failed);
+                    return Err(undo(
+                        502,
+                        "reload_failed",
+                        format!("{e}; the previous files were restored"),
+                    ));
                 }
             }
             timings.insert("reload".to_string(), millis(t));
@@ -545,27 +572,31 @@ impl Agent {
         Ok(journal)
     }
 
-    /// A reload HAProxy did not confirm: its master may still be reading the new files, so they
-    /// stay (restoring the previous ones under it could load a mix of both). The agent reports
-    /// bootstrap mode, remembers what the reload may load, and settles it from `show proc`
-    /// ([`Agent::settle_pending_reload`]); an apply before that reloads. Returns the 504 answer.
-    pub(crate) fn await_reload(
+    /// A reload that did not end in HAProxy's refusal: HAProxy may be reading the new files
+    /// (loading them after a reload it did not confirm in time, or another reload's), so they
+    /// stay; restoring the previous ones under it could load a mix of both. The agent reports
+    /// bootstrap mode (ready when HAProxy served an applied bundle before). When HAProxy was
+    /// asked, the agent remembers what the reload may load and settles it from `show proc`
+    /// ([`Agent::settle_pending_reload`]); otherwise, and until then, the next apply reloads.
+    /// Returns the answer: 504 when asked, 503 when HAProxy did not take the reload.
+    pub(crate) fn keep_new_files(
         &self,
         inner: &mut Inner,
         journal: &Journal,
-        before: &ProcInfo,
         error: &crate::haproxy::ReloadError,
+        checked_by_controller: bool,
     ) -> ApplyError {
         log::warn!(
-            "reload unconfirmed bundle={}: {error}; its files stay in place, mode=bootstrap until HAProxy tells how it ended",
+            "reload not confirmed bundle={}: {error}; its files stay in place, mode=bootstrap",
             journal.bundle
         );
         let p = &mut inner.persisted;
+        let was_serving = p.bundle.is_some() || p.unsettled;
         // Both manifests: the next apply deletes whatever of either it does not keep.
         for (path, entry) in &journal.manifest {
             p.files.insert(path.clone(), entry.clone());
         }
-        p.pending_reload = Some(PendingReload {
+        p.pending_reload = error.asked.as_ref().map(|before| PendingReload {
             bundle: journal.bundle.clone(),
             config_sha256: journal.config_sha256.clone(),
             manifest: journal.manifest.clone(),
@@ -573,18 +604,33 @@ impl Agent {
             reloads: before.reloads,
             failed: before.failed,
             worker_pid: before.worker_pid(),
+            was_serving,
+            checked_by_controller,
         });
-        unsettle(inner);
+        if was_serving {
+            p.unsettle();
+        } else {
+            p.bundle = None;
+            p.config_sha256 = None;
+        }
+        inner.applied = None;
         if let Err(e) = self.state_dir.save_state(&inner.persisted) {
             log::error!("saving state failed: {e}");
         }
         let _ = self.state_dir.clear_journal();
         let _ = self.disk.clean_work_areas();
-        let mut e = ApplyError::new(
-            504,
-            "reload_unconfirmed",
-            format!("{error}; HAProxy may still be loading this bundle, whose files stay in place; the agent reports bootstrap mode until HAProxy tells how the reload ended"),
-        );
+        let mut e = match error.asked {
+            Some(_) => ApplyError::new(
+                504,
+                "reload_unconfirmed",
+                format!("{error}; HAProxy may still be loading this bundle, whose files stay in place; the agent reports bootstrap mode until HAProxy tells how the reload ended"),
+            ),
+            None => ApplyError::new(
+                503,
+                "reload_not_taken",
+                format!("{error}; HAProxy did not take the reload and may be loading another one; this bundle's files stay in place and the next apply reloads"),
+            ),
+        };
         e.body.rolled_back = Some(false);
         e
     }
@@ -610,9 +656,13 @@ impl Agent {
     pub fn force_reload(&self) -> Result<ApplyResponse, ApplyError> {
         let started = Instant::now();
         let _guard = self.begin()?;
-        let outcome = self.haproxy.reload().map_err(|e| match e.unconfirmed {
-            true => ApplyError::new(504, "reload_unconfirmed", e.to_string()),
-            false => ApplyError::new(502, "reload_failed", e.to_string()),
+        let outcome = self.haproxy.reload().map_err(|e| {
+            let (status, error) = match (e.refused, &e.asked) {
+                (true, _) => (502, "reload_failed"),
+                (false, Some(_)) => (504, "reload_unconfirmed"),
+                (false, None) => (503, "reload_not_taken"),
+            };
+            ApplyError::new(status, error, e.to_string())
         })?;
         let mut inner = lock(&self.inner);
         let response = ApplyResponse {

@@ -142,11 +142,13 @@ pub struct ReloadOutcome {
 #[derive(Debug)]
 pub struct ReloadError {
     pub error: HaproxyError,
-    /// HAProxy was asked to reload and has not told how it ended: its master may still be
-    /// reading the files on disk and start a worker from them, so they must stay as they are.
-    /// Otherwise the reload was never asked for, or HAProxy refused it and the previous worker
-    /// serves what the previous files said.
-    pub unconfirmed: bool,
+    /// HAProxy refused the configuration: the previous worker serves, loaded from the previous
+    /// files. Otherwise HAProxy may be reading the files on disk (a reload of its own or of
+    /// someone else's is loading, or the master does not answer), and they must stay.
+    pub refused: bool,
+    /// HAProxy as it was when it was asked to reload, when it may have been: it may still
+    /// load the files on disk and start a worker from them.
+    pub asked: Option<Box<ProcInfo>>,
 }
 
 impl fmt::Display for ReloadError {
@@ -154,6 +156,9 @@ impl fmt::Display for ReloadError {
         self.error.fmt(f)
     }
 }
+
+/// HAProxy 3.1 and later refuse a reload while the worker of the last one is still loading.
+const RELOAD_IN_PROGRESS: &str = "Another reload is still in progress";
 
 impl Haproxy {
     /// Sends `input` (a command line, optionally followed by a payload) and returns everything
@@ -215,25 +220,36 @@ impl Haproxy {
     /// 2.6 (which answers nothing) the `show proc` counters and a new worker pid.
     pub fn reload(&self) -> Result<ReloadOutcome, ReloadError> {
         let started = Instant::now();
-        let settled = |error| ReloadError {
+        let unknown = |error| ReloadError {
             error,
-            unconfirmed: false,
+            refused: false,
+            asked: None,
+        };
+        let before = self.show_proc(SOCKET_PATIENCE).map_err(unknown)?;
+        let refused = |error| ReloadError {
+            error,
+            refused: true,
+            asked: None,
         };
         let unconfirmed = |error| ReloadError {
             error,
-            unconfirmed: true,
+            refused: false,
+            asked: Some(Box::new(before.clone())),
         };
-        let before = self.show_proc(SOCKET_PATIENCE).map_err(settled)?;
-        // Not connected: the master was never asked. From the first byte written on, it may
-        // have been, whatever the socket says next.
-        let stream = connect(&self.master_socket, "reload").map_err(settled)?;
+        // Not connected: the master was never asked (it refuses connections while it reads a
+        // configuration, on 2.6). From the first byte written on, it may have been.
+        let stream = connect(&self.master_socket, "reload").map_err(unknown)?;
         let reply = exchange(stream, &self.master_socket, "reload\n", self.reload_timeout)
             .map_err(unconfirmed)?;
         if reply.contains("Success=0") {
-            return Err(settled(err(
+            let error = err(
                 "reload",
                 format!("HAProxy refused the new configuration: {}", reply.trim()),
-            )));
+            );
+            return Err(match reply.contains(RELOAD_IN_PROGRESS) {
+                true => unknown(err("reload", RELOAD_IN_PROGRESS)),
+                false => refused(error),
+            });
         }
         let deadline = started + self.reload_timeout;
         loop {
@@ -242,7 +258,7 @@ impl Haproxy {
                 .map_err(unconfirmed)?;
             if now.reloads > before.reloads || reply.contains("Success=1") {
                 if now.failed > 0 && !reply.contains("Success=1") {
-                    return Err(settled(err(
+                    return Err(refused(err(
                         "reload",
                         format!("the master reports a failed reload (failed: {}); the previous worker keeps serving", now.failed),
                     )));
@@ -264,6 +280,14 @@ impl Haproxy {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// Whether the worker the runtime API reaches is `pid`: a worker HAProxy 3.1 and later
+    /// list while it still reads its configuration does not answer yet (the previous one does).
+    pub fn worker_answers(&self, pid: u32) -> bool {
+        let expected = format!("Pid: {pid}");
+        self.runtime("show info", None)
+            .is_ok_and(|info| info.lines().any(|l| l.trim() == expected))
     }
 
     /// Runs `haproxy -c -f <config>` in `dir` (so relative paths resolve as they will at run

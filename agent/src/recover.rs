@@ -63,7 +63,6 @@ impl Agent {
             return self.disk.clean_work_areas();
         }
         let finished = journal.phase == Phase::Committed && {
-            let before = self.haproxy.show_proc(SOCKET_PATIENCE);
             match self.haproxy.reload() {
                 Ok(outcome) => {
                     log::info!(
@@ -73,8 +72,10 @@ impl Agent {
                     );
                     true
                 }
-                Err(e) if e.unconfirmed && before.is_ok() => {
-                    let answer = self.await_reload(inner, &journal, before.as_ref().unwrap(), &e);
+                // HAProxy may be reading the committed files (it does not answer, or loads
+                // a reload of its own): they stay, as after an apply.
+                Err(e) if !e.refused => {
+                    let answer = self.keep_new_files(inner, &journal, &e, false);
                     inner.persisted.last_apply = Some(ApplyRecord {
                         at: now_rfc3339(),
                         result: "failed".into(),
@@ -142,7 +143,8 @@ impl Agent {
             self.settle_pending_reload(inner, &proc)?;
         }
         let p = &mut inner.persisted;
-        if p.master_pid != Some(proc.master_pid) {
+        // A master restarted while a reload is pending is the settling's to judge.
+        if p.master_pid != Some(proc.master_pid) && p.pending_reload.is_none() {
             let on_disk = hash_file(&self.root.join(CONFIG_FILE))?;
             if p.bundle.is_some() && on_disk != p.config_sha256 {
                 log::warn!(
@@ -185,7 +187,7 @@ impl Agent {
         let new_worker = proc
             .worker_pid()
             .filter(|pid| Some(*pid) != pending.worker_pid)
-            .is_some_and(|pid| self.worker_answers(pid));
+            .is_some_and(|pid| self.haproxy.worker_answers(pid));
         let loaded = (restarted || reloaded) && new_worker;
         let refused = reloaded && proc.failed > pending.failed;
         if !(loaded || restarted || refused) {
@@ -209,8 +211,12 @@ impl Agent {
             );
             inner.applied = self.load_applied(&inner.persisted);
         } else {
-            if restarted {
+            if restarted || !pending.was_serving {
                 p.forget_bundle();
+            }
+            if pending.checked_by_controller && !restarted {
+                // Pushed again, it is checked here: a 422 rather than another failing reload.
+                inner.failed_unchecked = Some(pending.bundle.clone());
             }
             log::warn!(
                 "the unconfirmed reload of bundle={} did not load it (master reloads={} failed={} worker_pid={:?}); mode=bootstrap until the next apply",
@@ -221,14 +227,6 @@ impl Agent {
             );
         }
         self.state_dir.save_state(&inner.persisted)
-    }
-
-    /// Whether the worker HAProxy's runtime API reaches is `pid`.
-    fn worker_answers(&self, pid: u32) -> bool {
-        let expected = format!("Pid: {pid}");
-        self.haproxy
-            .runtime("show info", None)
-            .is_ok_and(|info| info.lines().any(|l| l.trim() == expected))
     }
 
     /// Compares disk with the manifest of the applied bundle.

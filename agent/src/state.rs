@@ -97,6 +97,13 @@ pub struct PendingReload {
     pub reloads: u64,
     pub failed: u64,
     pub worker_pid: Option<u32>,
+    /// HAProxy served a bundle the agent applied before (not the bootstrap configuration).
+    #[serde(default)]
+    pub was_serving: bool,
+    /// The bundle was taken on the controller's `haproxy -c`: refused, it is checked here
+    /// when pushed again.
+    #[serde(default)]
+    pub checked_by_controller: bool,
 }
 
 /// Where an interrupted apply stopped.

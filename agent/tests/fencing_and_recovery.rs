@@ -205,6 +205,115 @@ fn agent_killed_mid_apply_recovers_consistently() {
 }
 
 #[test]
+fn a_restart_while_haproxy_loads_the_interrupted_bundle_keeps_its_files() {
+    let mut env = Env::start(Options {
+        agent_args: vec!["--reload-timeout-secs".into(), "1".into()],
+        ..Options::default()
+    });
+    let v1 = bundle(&env, 1);
+    env.apply(&v1, "reload");
+    // v2 takes HAProxy 4 s to load (Lua runs as it reads the configuration).
+    let lua = env.root.join("slow.lua");
+    std::fs::write(
+        &lua,
+        "local t = os.clock()\nwhile os.clock() - t < 4 do end\n",
+    )
+    .unwrap();
+    let v2 = bundle(&env, 2);
+    let v2 = Bundle::new(
+        v2.haproxy_cfg.replacen(
+            "global\n",
+            &format!("global\n    lua-load {}\n", lua.display()),
+            1,
+        ),
+        v2.files,
+    );
+    // Killed before HAProxy was told; the restarted agent's reload is not confirmed in time:
+    // the committed files stay (restoring v1's under the loading HAProxy would mix the two).
+    crash_applying(&mut env, "after-commit", &v2);
+    env.start_agent(&[]);
+    assert_eq!(env.disk("maps/host.map").unwrap(), "v2.example be_a\n");
+    assert!(!env.cfg_dir.join(".haptic/journal.json").exists());
+    wait_for(
+        "the new worker to serve v2",
+        Duration::from_secs(30),
+        || (http_get(&env.fe, "v2.example").ok()? == "v2").then_some(()),
+    );
+    let state = env.state();
+    assert_eq!(state["mode"], "bootstrap", "{state:#}");
+    assert_eq!(state["pending_reload"], v2.hash().as_str(), "{state:#}");
+    let answer = wait_for("the agent to take v2", Duration::from_secs(30), || {
+        let (status, body) = env.put(&v2);
+        (status == 200).then_some(body)
+    });
+    assert_eq!(answer["result"], "no_change", "{answer:#}");
+}
+
+#[test]
+fn an_agent_killed_while_haproxy_loads_restarts_without_touching_the_files() {
+    let mut env = Env::start(Options::default());
+    let v1 = bundle(&env, 1);
+    env.apply(&v1, "reload");
+    let lua = env.root.join("slow.lua");
+    std::fs::write(
+        &lua,
+        "local t = os.clock()\nwhile os.clock() - t < 5 do end\n",
+    )
+    .unwrap();
+    let v2 = bundle(&env, 2);
+    let v2 = Bundle::new(
+        v2.haproxy_cfg.replacen(
+            "global\n",
+            &format!("global\n    lua-load {}\n", lua.display()),
+            1,
+        ),
+        v2.files,
+    );
+    let running = env.state()["haproxy"]["version"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // The agent waits for HAProxy to load v2 (5 s) and is killed meanwhile.
+    let pushed = std::thread::spawn({
+        let (client, url) = (env.client.clone(), env.url("/v1/bundle"));
+        let body = serde_json::to_vec(&v2.to_wire()).unwrap();
+        move || {
+            client
+                .put(&url)
+                .header(haptic_agent::protocol::api::CHECKED_WITH, &running)
+                .send(&body[..])
+                .is_err()
+        }
+    });
+    wait_for("HAProxy to load v2", Duration::from_secs(10), || {
+        env.disk("maps/host.map")
+            .filter(|m| m.starts_with("v2"))
+            .map(|_| std::thread::sleep(Duration::from_millis(500)))
+    });
+    env.agent.as_mut().unwrap().child.kill().unwrap();
+    env.stop_agent();
+    assert!(pushed.join().unwrap(), "the agent died mid-apply");
+    // Restarted while HAProxy still loads: finishing the apply cannot be confirmed (2.6's
+    // master does not answer, 3.1 and later refuse a second reload), and rolling back would
+    // put v1's files under the loading HAProxy.
+    env.start_agent(&[]);
+    assert_eq!(env.disk("maps/host.map").unwrap(), "v2.example be_a\n");
+    wait_for(
+        "the new worker to serve v2",
+        Duration::from_secs(30),
+        || (http_get(&env.fe, "v2.example").ok()? == "v2").then_some(()),
+    );
+    let state = env.state();
+    assert_eq!(state["mode"], "bootstrap", "{state:#}");
+    let answer = wait_for("the agent to take v2", Duration::from_secs(30), || {
+        let (status, body) = env.put(&v2);
+        (status == 200).then_some(body)
+    });
+    assert_eq!(env.state()["bundle"], v2.hash().as_str(), "{answer:#}");
+    assert_eq!(http_get(&env.fe, "v2.example").unwrap(), "v2");
+}
+
+#[test]
 fn haproxy_restarted_with_the_bootstrap_config_reports_bootstrap() {
     let mut env = Env::start(Options::default());
     let v1 = bundle(&env, 1);

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use haptic_agent::protocol::{api, Bundle, FileKind};
+use serde_json::Value;
 use support::*;
 
 /// haproxy.cfg with a host-map frontend, backend `be_a` with the given server lines and `be_b`.
@@ -588,6 +589,23 @@ fn running_version(env: &Env) -> String {
         .to_string()
 }
 
+/// Pushes `bundle` until the agent takes it (it answers 503 while HAProxy still loads a
+/// reload it waits for), and returns the answer.
+fn apply_when_loaded(env: &Env, bundle: &Bundle) -> Value {
+    wait_for(
+        "the agent to take the bundle",
+        Duration::from_secs(30),
+        || {
+            let (status, body) = env.put(bundle);
+            match status {
+                200 => Some(body),
+                503 => None,
+                _ => panic!("{status}: {body:#}"),
+            }
+        },
+    )
+}
+
 #[test]
 fn a_reload_slower_than_the_timeout_keeps_its_files_and_is_confirmed_later() {
     let env = Env::start(Options {
@@ -600,31 +618,26 @@ fn a_reload_slower_than_the_timeout_keeps_its_files_and_is_confirmed_later() {
     env.apply(&v1, "reload");
     let pid = env.worker_pid();
 
-    // v2 takes HAProxy 4 s to load, past the agent's 1 s. Restoring v1's files under it
+    // v2 takes HAProxy 6 s to load, past the agent's 1 s. Restoring v1's files under it
     // would have it load v2's configuration with v1's map.
-    let v2 = bundle(
-        with_global(config(&env, &servers, b1, ""), &slow_lua(&env, 4)),
-        "a.example be_b\n",
-    );
+    let slow = with_global(config(&env, &servers, b1, ""), &slow_lua(&env, 6));
+    let v2 = bundle(slow.clone(), "a.example be_b\n");
     let running = running_version(&env);
     let (status, body) = env.put_with(&v2, "", &[(api::CHECKED_WITH, &running)]);
     assert_eq!(status, 504, "{body:#}");
     assert_eq!(body["error"], "reload_unconfirmed");
     assert_eq!(body["rolled_back"], false);
+    // Nor does another bundle change files under the loading HAProxy: 503 (2.6's master does
+    // not answer while it loads; 3.1 and later list the new worker before it answers).
+    let v3 = bundle(slow, "a.example be_a\n");
+    let (status, body) = env.put_with(&v3, "", &[(api::CHECKED_WITH, &running)]);
+    assert_eq!(status, 503, "{body:#}");
     assert_eq!(
         env.disk("maps/host.map").unwrap(),
         "a.example be_b\n",
         "the files HAProxy may be reading stay"
     );
     assert!(env.disk("haproxy.cfg").unwrap().contains("lua-load"));
-    let state = env.state();
-    assert_eq!(state["mode"], "bootstrap", "{state:#}");
-    assert_eq!(state["pending_reload"], v2.hash().as_str(), "{state:#}");
-    assert_eq!(
-        probe(&env.ip, env.probe_port, "/readyz").unwrap().0,
-        200,
-        "HAProxy serves v1 or v2, both checked: the pod stays ready"
-    );
 
     // HAProxy finishes loading v2, all of it.
     wait_for(
@@ -633,8 +646,16 @@ fn a_reload_slower_than_the_timeout_keeps_its_files_and_is_confirmed_later() {
         || (http_get(&env.fe, "a.example").ok()? == "b1").then_some(()),
     );
     assert_ne!(env.worker_pid(), pid);
+    let state = env.state();
+    assert_eq!(state["mode"], "bootstrap", "{state:#}");
+    assert_eq!(state["pending_reload"], v2.hash().as_str(), "{state:#}");
+    assert_eq!(
+        probe(&env.ip, env.probe_port, "/readyz").unwrap().0,
+        200,
+        "HAProxy serves checked bundles, not the bootstrap configuration: the pod stays ready"
+    );
     // Pushed again, v2 is found loaded: no second (slow) reload.
-    env.apply(&v2, "no_change");
+    assert_eq!(apply_when_loaded(&env, &v2)["result"], "no_change");
     let state = env.state();
     assert_eq!(state["mode"], "applied", "{state:#}");
     assert_eq!(state["bundle"], v2.hash().as_str());
@@ -642,18 +663,17 @@ fn a_reload_slower_than_the_timeout_keeps_its_files_and_is_confirmed_later() {
 }
 
 #[test]
-fn a_reload_haproxy_refuses_after_the_timeout_is_not_taken_for_applied() {
+fn a_first_reload_haproxy_refuses_after_the_timeout_is_not_taken_for_applied() {
     let env = Env::start(Options {
         agent_args: vec!["--reload-timeout-secs".into(), "1".into()],
         ..Options::default()
     });
     let (a1, b1) = (backend("a1"), backend("b1"));
     let servers = [format!("server SRV_1 127.0.0.1:{a1} enabled")];
-    let v1 = bundle(config(&env, &servers, b1, ""), "");
-    env.apply(&v1, "reload");
     let pid = env.worker_pid();
 
-    // Slow to load, and then refused: a port someone else holds only fails when bound.
+    // The pod's first bundle, slow to load and then refused: a port someone else holds only
+    // fails when bound.
     let blocker = TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = blocker.local_addr().unwrap().port();
     let extra = format!("frontend fe_taken\n    bind 127.0.0.1:{taken}\n");
@@ -664,6 +684,11 @@ fn a_reload_haproxy_refuses_after_the_timeout_is_not_taken_for_applied() {
     let running = running_version(&env);
     let (status, body) = env.put_with(&v2, "", &[(api::CHECKED_WITH, &running)]);
     assert_eq!(status, 504, "{body:#}");
+    assert_eq!(
+        probe(&env.ip, env.probe_port, "/readyz").unwrap().0,
+        503,
+        "HAProxy serves the bootstrap configuration (or v2, not yet known): not ready"
+    );
     wait_for(
         "HAProxy to report the failed reload",
         Duration::from_secs(30),
@@ -672,13 +697,9 @@ fn a_reload_haproxy_refuses_after_the_timeout_is_not_taken_for_applied() {
             (failed > 0).then_some(())
         },
     );
-    assert_eq!(env.worker_pid(), pid, "the old worker keeps serving");
-    assert_eq!(http_get(&env.fe, "a.example").unwrap(), "a1");
-    assert_eq!(
-        probe(&env.ip, env.probe_port, "/readyz").unwrap().0,
-        200,
-        "the old worker serves v1: the pod stays ready"
-    );
+    assert_eq!(env.worker_pid(), pid, "the bootstrap worker keeps serving");
+    assert_eq!(http_get(&env.fe, "a.example").unwrap(), "bootstrap");
+    assert_eq!(probe(&env.ip, env.probe_port, "/readyz").unwrap().0, 503);
 
     // With the port free, v2 pushed again is reloaded (slowly again), not taken for loaded.
     drop(blocker);
@@ -689,8 +710,9 @@ fn a_reload_haproxy_refuses_after_the_timeout_is_not_taken_for_applied() {
         Duration::from_secs(30),
         || (http_get(&env.fe, "a.example").ok()? == "b1").then_some(()),
     );
-    env.apply(&v2, "no_change");
+    assert_eq!(apply_when_loaded(&env, &v2)["result"], "no_change");
     assert_eq!(env.state()["bundle"], v2.hash().as_str());
+    assert_eq!(probe(&env.ip, env.probe_port, "/readyz").unwrap().0, 200);
 }
 
 #[test]
