@@ -976,6 +976,22 @@ fn webhook_does_not_deny_a_change_for_another_objects_broken_secret() {
         "{out}"
     );
     c.wait_route("y.example.com", "/", 200, "web-1", DEADLINE);
+    // x's author, writing x while its Secret keeps it out, is admitted and told so.
+    let (ok, out) = apply(
+        &c,
+        &tls_ingress.replace(
+            "namespace: default,",
+            "namespace: default, labels: {edited: again},",
+        ),
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("Warning: Ingress default/x stays out of the HAProxy configuration:"),
+        "{out}"
+    );
+    // Others' writes carry no warning about x.
+    let (ok, out) = apply(&c, &ingress("tenant-w", "w.example.com", "web", ""));
+    assert!(ok && !out.contains("Warning"), "{out}");
     // A change that breaks the configuration itself is still denied: a value the templates
     // refuse, and an Ingress whose own certificate haproxy -c refuses (named, alone).
     let (ok, out) = apply(&c, &bad_ingress());

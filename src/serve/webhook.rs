@@ -333,10 +333,10 @@ impl Webhook {
         // Only a configuration that would really be invalid is denied; when the controller
         // cannot decide (no config yet, haproxy missing) it admits with a warning rather than
         // blocking every write to the watched kinds.
-        let (result, allowed, message) = match &verdict {
-            Ok(()) => ("allowed", true, String::new()),
-            Err(Denial::Invalid(m)) => ("denied", false, m.clone()),
-            Err(Denial::Error(m)) => ("error", true, m.clone()),
+        let (result, allowed, message, mut warnings) = match verdict {
+            Ok(warnings) => ("allowed", true, String::new(), warnings),
+            Err(Denial::Invalid(m)) => ("denied", false, m, Vec::new()),
+            Err(Denial::Error(m)) => ("error", true, m, Vec::new()),
         };
         self.shared
             .metrics
@@ -350,8 +350,10 @@ impl Webhook {
         if !allowed {
             response["status"] = json!({"code": 403, "reason": "Forbidden", "message": message});
         } else if !message.is_empty() {
-            response["warnings"] =
-                json!([format!("haptic could not validate this change: {message}")]);
+            warnings.push(format!("haptic could not validate this change: {message}"));
+        }
+        if !warnings.is_empty() {
+            response["warnings"] = json!(warnings);
         }
         Response::json(
             200,
@@ -359,8 +361,15 @@ impl Webhook {
         )
     }
 
-    fn decide(&self, mut request: Value, peer: IpAddr, given_up: Instant) -> Result<(), Denial> {
+    /// Admits (with warnings for the user) or denies one review.
+    fn decide(
+        &self,
+        mut request: Value,
+        peer: IpAddr,
+        given_up: Instant,
+    ) -> Result<Vec<String>, Denial> {
         let text = |pointer: &str| text_at(&request, pointer).to_string();
+        let reviewed = (text("/kind/kind"), text("/namespace"), text("/name"));
         let (group, version) = (text("/resource/group"), text("/resource/version"));
         let (resource, operation) = (text("/resource/resource"), text("/operation"));
         let (group, version, resource, operation) = (&*group, &*version, &*resource, &*operation);
@@ -380,7 +389,7 @@ impl Webhook {
 
         if group == crate::config::model::GROUP && resource == "haproxytemplateconfigs" {
             if operation == "DELETE" {
-                return Ok(());
+                return Ok(Vec::new());
             }
             // Checked as far as its structure and the compilation of its templates, and no
             // further. This endpoint cannot tell the API server from any other peer (its port
@@ -394,7 +403,7 @@ impl Webhook {
             // applies only the config it reads from the API server.
             crate::controller::validate_config_object(&object, "HAProxyTemplateConfig")
                 .map_err(Denial::Invalid)?;
-            return Ok(());
+            return Ok(Vec::new());
         }
         // Every watch of the type (a config may watch one type twice, with other selectors).
         let watches: Vec<_> = active
@@ -404,7 +413,7 @@ impl Webhook {
             .filter(|(_, w)| w.api_version == api_version && w.resources == resource)
             .collect();
         if !watches.iter().any(|(_, w)| w.enable_validation_webhook) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         // Only what this controller watches of the type is in its configuration: an object
         // its label selectors or namespaces leave out (another instance's, when a class is
@@ -435,7 +444,7 @@ impl Webhook {
             .filter(|(_, _, old, new)| *old || *new)
             .collect();
         if selected.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         // Waits for this peer's turn: a peer flooding the port delays another's review by at
         // most one render of its own, not by all it has queued.
@@ -484,20 +493,33 @@ impl Webhook {
             }
             stores.insert(name.clone(), Arc::new(store));
         }
-        self.render_and_check(&active.engine, &active.spec, stores, Some(without))
+        let still_out = |owner: &crate::render::Owner| {
+            operation != "DELETE"
+                && (&owner.kind, &owner.namespace, &owner.name)
+                    == (&reviewed.0, &reviewed.1, &reviewed.2)
+        };
+        self.render_and_check(
+            &active.engine,
+            &active.spec,
+            stores,
+            Some(without),
+            still_out,
+        )
     }
 
     /// Renders the stores with the change (and, for a watched object, without it) and checks
     /// the result. Denies only what the change itself introduces: an object left out with it
     /// but not without it (a refused value, lines haproxy -c rejects), or a configuration that
-    /// fails with it and not without it.
+    /// fails with it and not without it. An object `reviewed` names that stays left out is
+    /// admitted with a warning naming why: its author sees that the write changed nothing.
     fn render_and_check(
         &self,
         engine: &crate::render::Engine,
         spec: &crate::config::Spec,
         stores: std::collections::BTreeMap<String, Arc<crate::store::Store>>,
         without: Option<std::collections::BTreeMap<String, Arc<crate::store::Store>>>,
-    ) -> Result<(), Denial> {
+        reviewed: impl Fn(&crate::render::Owner) -> bool,
+    ) -> Result<Vec<String>, Denial> {
         let inputs = |stores| RenderInputs {
             stores,
             extra_context: spec.templating_settings.extra_context.clone(),
@@ -582,7 +604,17 @@ impl Webhook {
                     }
                 }
                 if found.is_empty() {
-                    Ok(())
+                    Ok(v.rendered
+                        .dropped
+                        .iter()
+                        .filter(|d| reviewed(&d.owner))
+                        .map(|d| {
+                            warning(&format!(
+                                "{} stays out of the HAProxy configuration: {}",
+                                d.owner, d.message
+                            ))
+                        })
+                        .collect())
                 } else {
                     let reasons: Vec<String> = found
                         .iter()
@@ -617,6 +649,18 @@ impl Webhook {
     }
 }
 
+/// A warning as kubectl shows it: one line, within the 256 characters the API server keeps.
+fn warning(text: &str) -> String {
+    const KEPT: usize = 256;
+    let line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if line.chars().count() <= KEPT {
+        return line;
+    }
+    let mut cut: String = line.chars().take(KEPT - 1).collect();
+    cut.push('…');
+    cut
+}
+
 /// The string at `pointer` in `value`, or "".
 fn text_at<'a>(value: &'a Value, pointer: &str) -> &'a str {
     value
@@ -633,6 +677,18 @@ enum Denial {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warnings_are_one_line_within_what_the_api_server_keeps() {
+        assert_eq!(
+            warning("Ingress a/b:\n  bad\tvalue "),
+            "Ingress a/b: bad value"
+        );
+        let long = warning(&"é".repeat(300));
+        assert_eq!(long.chars().count(), 256);
+        assert!(long.ends_with('…'));
+        assert_eq!(warning(&"x".repeat(256)), "x".repeat(256));
+    }
 
     /// Room is taken up to the capacity; a body that does not fit waits until room is given
     /// back, or until its deadline.

@@ -85,7 +85,10 @@ pub fn validate(ctx: &Ctx, review: &Review) -> Result<(), ApiError> {
             }
             let name = hook["name"].as_str().unwrap_or("");
             match call(hook, review) {
-                Ok(response) => check_response(name, &response)?,
+                Ok(response) => {
+                    add_warnings(&response);
+                    check_response(name, &response)?
+                }
                 Err(e) => {
                     let ignore = hook["failurePolicy"].as_str() == Some("Ignore");
                     log::info!("webhook call failed webhook={name} ignored={ignore} error={e}");
@@ -396,6 +399,51 @@ fn call(hook: &Value, r: &Review) -> Result<Value, String> {
         ));
     }
     Ok(response.clone())
+}
+
+thread_local! {
+    /// The warnings webhooks gave for the request this thread answers.
+    static WARNINGS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// What the API server keeps of a webhook's warnings (allowed or denied): each cut at 256
+/// characters, and none past 4096 characters in all.
+fn add_warnings(response: &Value) {
+    const EACH: usize = 256;
+    const ALL: usize = 4096;
+    WARNINGS.with(|kept| {
+        let mut kept = kept.borrow_mut();
+        for warning in response["warnings"].as_array().into_iter().flatten() {
+            let Some(text) = warning.as_str().filter(|t| !t.is_empty()) else {
+                continue;
+            };
+            let text: String = text.chars().take(EACH).collect();
+            let used: usize = kept.iter().map(|w| w.chars().count()).sum();
+            if used + text.chars().count() > ALL {
+                return;
+            }
+            kept.push(text);
+        }
+    });
+}
+
+/// The warnings gathered for this thread's request, as `Warning` headers (code 299, as
+/// kube-apiserver sends them; kubectl prints each as `Warning: TEXT`). Taking them clears them.
+pub fn take_warning_headers() -> Vec<(&'static str, String)> {
+    WARNINGS.with(|kept| {
+        std::mem::take(&mut *kept.borrow_mut())
+            .into_iter()
+            .map(|text| {
+                let quoted = text
+                    .chars()
+                    .map(|c| if c.is_control() { ' ' } else { c })
+                    .collect::<String>()
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"");
+                ("Warning", format!("299 - \"{quoted}\""))
+            })
+            .collect()
+    })
 }
 
 fn check_response(name: &str, response: &Value) -> Result<(), ApiError> {

@@ -114,7 +114,9 @@ const MAX_REQUEST_BODY: usize = 3 << 20;
 
 fn write_json(conn: &mut Conn, code: u16, body: &Value) -> io::Result<()> {
     let bytes = serde_json::to_vec(body).map_err(io::Error::other)?;
-    conn.write_response(code, "application/json", &[], &bytes)
+    let warnings = crate::admission::take_warning_headers();
+    let headers: Vec<(&str, String)> = warnings.iter().map(|(k, v)| (*k, v.clone())).collect();
+    conn.write_response(code, "application/json", &headers, &bytes)
 }
 
 fn write_error(conn: &mut Conn, err: &ApiError) -> io::Result<()> {
@@ -125,6 +127,8 @@ fn write_error(conn: &mut Conn, err: &ApiError) -> io::Result<()> {
 fn respond(conn: &mut Conn, ctx: &Ctx, req: &Request, client_cert: bool) -> io::Result<bool> {
     let path = req.path.as_str();
     log::debug!("request method={} path={path}", req.method);
+    // Warnings belong to one request: none are left from the connection's last one.
+    crate::admission::take_warning_headers();
     if let Some(control) = path.strip_prefix("/_dev/") {
         return match control_endpoint(ctx, req, control) {
             Ok(v) => write_json(conn, 200, &v).map(|_| true),

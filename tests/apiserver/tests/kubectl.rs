@@ -8,7 +8,7 @@ mod common;
 use std::io::Write;
 use std::time::Duration;
 
-use common::webhook::{Webhook, DENIAL};
+use common::webhook::{Webhook, DENIAL, WARNING};
 use common::{lines_of, Server, DEADLINE};
 use serde_json::Value;
 
@@ -455,6 +455,15 @@ webhooks:
         "{err}"
     );
     server.kubectl_ok(&["create", "configmap", "allowed", "--from-literal=a=b"]);
+    // A webhook's warnings reach kubectl as Warning headers, each cut at 256 characters.
+    let warned = server.kubectl(&["create", "configmap", "warn-me"]);
+    let err = String::from_utf8_lossy(&warned.stderr);
+    assert!(warned.status.success(), "{err}");
+    assert!(err.contains(&format!("Warning: {WARNING}\n")), "{err}");
+    assert!(
+        err.contains(&format!("Warning: {}\n", "w".repeat(256))),
+        "{err}"
+    );
     assert!(hook.reviews.load(std::sync::atomic::Ordering::SeqCst) >= 2);
     let absent = server.call("GET", "/api/v1/namespaces/default/configmaps/deny-me", None);
     assert_eq!(absent.0, 404);

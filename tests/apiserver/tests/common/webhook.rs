@@ -12,6 +12,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{json, Value};
 
 pub const DENIAL: &str = "names starting with deny are not allowed here";
+/// The first of the warnings names starting with `warn` get (the second is 300 characters).
+pub const WARNING: &str = "names starting with \"warn\" are frowned upon";
 
 pub struct Webhook {
     pub url: String,
@@ -114,6 +116,9 @@ fn answer(review: &Value) -> Value {
     let mut response = json!({"uid": req["uid"], "allowed": allowed});
     if !allowed {
         response["status"] = json!({"code": 403, "message": DENIAL});
+    }
+    if name.starts_with("warn") {
+        response["warnings"] = json!([WARNING, "w".repeat(300)]);
     }
     json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
 }
