@@ -3,7 +3,75 @@
 //! chunked request bodies and pipelining are not worth their attack surface.
 
 use std::io::{self, BufRead, Read, Write};
-use std::time::Instant;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// A connection whose reads give up at a deadline: each read waits for what is left of it (at
+/// most `io_timeout`), so a peer trickling a byte now and then cannot hold the connection for
+/// longer than the deadline, as it could with a timeout per read alone.
+pub struct Deadline<S> {
+    pub inner: S,
+    deadline: Instant,
+    io_timeout: Duration,
+}
+
+/// A stream over a TCP socket, whose read timeout [`Deadline`] sets.
+pub trait OverTcp {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl OverTcp for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl OverTcp for rustls::StreamOwned<rustls::ServerConnection, TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
+impl<S: OverTcp> Deadline<S> {
+    pub fn new(inner: S, deadline: Instant, io_timeout: Duration) -> Deadline<S> {
+        Deadline {
+            inner,
+            deadline,
+            io_timeout,
+        }
+    }
+
+    /// Moves the deadline (for the next part of the request).
+    pub fn set_deadline(&mut self, deadline: Instant) {
+        self.deadline = deadline;
+    }
+}
+
+impl<S: Read + OverTcp> Read for Deadline<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the request was not received in time",
+            ));
+        }
+        self.inner
+            .tcp()
+            .set_read_timeout(Some(left.min(self.io_timeout)))?;
+        self.inner.read(buf)
+    }
+}
+
+impl<S: Write> Write for Deadline<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.inner.write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
 
 /// Size limits for one request.
 #[derive(Debug, Clone, Copy)]
@@ -278,6 +346,40 @@ pub fn write_continue<W: Write>(w: &mut W) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer sending a header byte every 100 ms never waits out a read timeout of 1 s; the
+    /// deadline still ends the head at 500 ms.
+    #[test]
+    fn a_trickled_head_ends_at_the_deadline() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let peer = std::thread::spawn(move || {
+            let mut s = TcpStream::connect(addr).unwrap();
+            let _ = s.write_all(b"GET / HTTP/1.1\r\n");
+            for _ in 0..30 {
+                std::thread::sleep(Duration::from_millis(100));
+                if s.write_all(b"x").is_err() {
+                    break;
+                }
+            }
+        });
+        let (conn, _) = listener.accept().unwrap();
+        let started = Instant::now();
+        let mut r = io::BufReader::new(Deadline::new(
+            conn,
+            started + Duration::from_millis(500),
+            Duration::from_secs(1),
+        ));
+        let read = read_head(&mut r, &Limits::default());
+        let took = started.elapsed();
+        assert!(
+            matches!(&read, Err(ReadError::Io(e)) if e.kind() == io::ErrorKind::TimedOut),
+            "{read:?}"
+        );
+        assert!(took < Duration::from_millis(1500), "{took:?}");
+        drop(r);
+        peer.join().unwrap();
+    }
 
     #[test]
     fn reads_head_and_body_with_limits() {

@@ -14,7 +14,7 @@ use rustls::{ServerConnection, StreamOwned};
 
 use crate::accept::{complete_handshake, ConnectionGate};
 use crate::apply::{Agent, ApplyRequest};
-use crate::http::{self, Head, Limits, ReadError, Response};
+use crate::http::{self, Deadline, Head, Limits, OverTcp, ReadError, Response};
 use crate::protocol::{api, Bundle, WireBundle};
 use crate::reload::Reloading;
 use crate::tls::ReloadingTls;
@@ -130,7 +130,7 @@ pub fn serve_api(
     serve(listener, limits, move |stream| match &transport {
         Transport::MutualTls(tls) => serve_tls(&agent, stream, tls, &limits),
         Transport::InsecureBasicAuth(creds) => {
-            let mut reader = BufReader::new(stream);
+            let mut reader = BufReader::new(within_request_timeout(stream, &limits));
             // The credentials are checked on the head: the body of a caller that has none is
             // never read (up to --max-body-bytes per connection, for anyone who can connect).
             let admit = |head: &Head| {
@@ -156,7 +156,7 @@ pub fn serve_probes(agent: Arc<Agent>, listener: TcpListener, limits: ServerLimi
         ..limits
     };
     serve(listener, probe_limits, move |stream| {
-        let mut reader = BufReader::new(stream);
+        let mut reader = BufReader::new(within_request_timeout(stream, &probe_limits));
         handle(
             &mut reader,
             &probe_limits,
@@ -241,16 +241,25 @@ fn serve_tls(agent: &Arc<Agent>, stream: TcpStream, tls: &ReloadingTls, limits: 
         log::info!("TLS handshake refused peer={peer:?}: {e}");
         return;
     }
-    let mut reader = BufReader::new(tls_stream);
+    let mut reader = BufReader::new(within_request_timeout(tls_stream, limits));
     handle(
         &mut reader,
         limits,
         |_| None,
         |head, body| route_api(agent, head, body),
     );
-    let stream = reader.get_mut();
+    let stream = &mut reader.get_mut().inner;
     stream.conn.send_close_notify();
     let _ = stream.conn.complete_io(&mut stream.sock);
+}
+
+/// The whole request (head and body) is read within `request_timeout`, however it trickles in.
+fn within_request_timeout<S: OverTcp>(stream: S, limits: &ServerLimits) -> Deadline<S> {
+    Deadline::new(
+        stream,
+        Instant::now() + limits.request_timeout,
+        limits.io_timeout,
+    )
 }
 
 /// Reads one request, answers it with `route`, and closes. `refuse` sees the head first: a

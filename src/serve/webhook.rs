@@ -103,6 +103,8 @@ const MAX_PER_PEER: usize = 16;
 /// A peer must finish the TLS handshake within this (the API server does in milliseconds).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 const IO_TIMEOUT: Duration = Duration::from_secs(15);
+/// The longest the request's head, and then its body, may take to arrive.
+const REQUEST_PART_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest an API server waits for a webhook (`timeoutSeconds` is at most 30); it sends
 /// its own wait as `?timeout=10s`.
 const MAX_WAIT_FOR_TURN: Duration = Duration::from_secs(30);
@@ -267,7 +269,14 @@ fn serve_conn(stream: TcpStream, accepted: Instant, tls: &Tls, webhook: &Webhook
         log::debug!("webhook: TLS handshake failed: {e}");
         return;
     }
-    let mut reader = BufReader::new(StreamOwned::new(conn, stream));
+    // The head within REQUEST_PART_TIMEOUT of the handshake, however it trickles in (a
+    // connection holds one of the peer's slots meanwhile), and the body as long again from
+    // when room for it is given.
+    let mut reader = BufReader::new(http::Deadline::new(
+        StreamOwned::new(conn, stream),
+        Instant::now() + REQUEST_PART_TIMEOUT,
+        IO_TIMEOUT,
+    ));
     let limits = Limits {
         max_body_bytes: MAX_BODY,
         ..Limits::default()
@@ -283,7 +292,9 @@ fn serve_conn(stream: TcpStream, accepted: Instant, tls: &Tls, webhook: &Webhook
             no_room = _room.is_none();
             match _room {
                 Some(_) => {
-                    http::read_body(&mut reader, n, Instant::now() + Duration::from_secs(10))
+                    let deadline = Instant::now() + REQUEST_PART_TIMEOUT;
+                    reader.get_mut().set_deadline(deadline);
+                    http::read_body(&mut reader, n, deadline)
                 }
                 None => Err(http::ReadError::Io(std::io::Error::other(
                     "too many request bodies at once",
@@ -306,7 +317,7 @@ fn serve_conn(stream: TcpStream, accepted: Instant, tls: &Tls, webhook: &Webhook
         },
         Err(_) => return,
     };
-    let stream = reader.get_mut();
+    let stream = &mut reader.get_mut().inner;
     let _ = http::write_response(stream, &response);
     stream.conn.send_close_notify();
     let _ = stream.conn.complete_io(&mut stream.sock);
