@@ -805,6 +805,9 @@ pub(crate) fn register(env: &mut Environment<'static>) {
     );
     both!(cidr_list, word, one_of, map_key, pem);
     env.add_function("refuse", refuse);
+    // `text is pem_text`: whether `pem` would take it, for a template that reports a bad
+    // value in a status rather than leaving its object out.
+    env.add_test("pem_text", |value: Value| pem(value, None).is_ok());
 }
 
 #[cfg(test)]

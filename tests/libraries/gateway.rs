@@ -882,6 +882,86 @@ fn pair_n(status: u16, backend: &str) -> (u16, String) {
     (status, backend.to_string())
 }
 
+/// A certificate Secret a tenant grants to a shared Gateway, broken by that tenant (not PEM, or
+/// a key that does not match its certificate), costs that listener alone: the Gateway, its
+/// other listeners and their routes keep serving (before, the whole Gateway was left out).
+#[test]
+fn a_tenants_broken_certificate_costs_its_listener_not_the_gateway() {
+    let dir = harness::TempDir::new("pki-gw-broken-cert");
+    let pki = harness::Pki::new(dir.path());
+    let (a, b) = (Echo::start("a"), Echo::start("b"));
+    let mut m = service_yaml("default", "a", &a);
+    m.push_str(&service_yaml("default", "b", &b));
+    m.push_str(&pki.secret_yaml("default", "default-ssl-cert", &["default.invalid"]));
+    m.push_str(&pki.secret_yaml("default", "own-cert", &["own.gw.test"]));
+    // A key that does not match: haproxy -c refuses the certificate file.
+    let (crt, _) = pki.leaf("team-key", &["key.gw.test"]);
+    let (_, other_key) = pki.leaf("team-other", &["other.gw.test"]);
+    m.push_str(&format!(
+        "---\napiVersion: v1\nkind: Secret\ntype: kubernetes.io/tls\nmetadata: {{name: bad-key, namespace: team}}\ndata:\n  tls.crt: {}\n  tls.key: {}\n",
+        harness::base64(crt.as_bytes()),
+        harness::base64(other_key.as_bytes())
+    ));
+    m.push_str(&format!(
+        "---\napiVersion: v1\nkind: Secret\ntype: kubernetes.io/tls\nmetadata: {{name: not-pem, namespace: team}}\ndata:\n  tls.crt: {}\n  tls.key: {}\n",
+        harness::base64(b"certificate? no"),
+        harness::base64(other_key.as_bytes())
+    ));
+    m.push_str(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: ReferenceGrant\nmetadata: {name: to-gw, namespace: team}\nspec:\n  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: default}]\n  to: [{group: \"\", kind: Secret}]\n",
+    );
+    m.push_str(&gateway_yaml(
+        "shared",
+        r#"    - {name: own, protocol: HTTPS, port: 443, hostname: own.gw.test, tls: {certificateRefs: [{name: own-cert}]}}
+    - {name: key, protocol: HTTPS, port: 443, hostname: key.gw.test, tls: {certificateRefs: [{name: bad-key, namespace: team}]}}
+    - {name: pem, protocol: HTTPS, port: 443, hostname: pem.gw.test, tls: {certificateRefs: [{name: not-pem, namespace: team}]}}
+"#,
+    ));
+    m.push_str(&route(
+        "default",
+        "own",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: shared, sectionName: own}]\n  rules: [{backendRefs: [{name: a, port: 80}]}]\n",
+    ));
+    m.push_str(&route(
+        "default",
+        "key",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: shared, sectionName: key}]\n  rules: [{backendRefs: [{name: b, port: 80}]}]\n",
+    ));
+    let s = Scenario::start("gateway-broken-cert", &m, &[]);
+    let out = &s.render_output;
+    assert!(!out.contains("Gateway default/shared: left out"), "{out}");
+    assert!(
+        out.contains("Secret team/bad-key") && out.contains("haproxy -c"),
+        "the certificate HAProxy refuses is left out, named: {out}"
+    );
+    let r = s.proxy.https("own.gw.test", "/", &pki.ca, &[]);
+    assert_eq!((r.status, r.backend().unwrap_or("")), (200, "a"), "{out}");
+    let gw = status_of(out, "Gateway", "default/shared").expect("Gateway status");
+    let listener = |name: &str| {
+        gw["listeners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .unwrap_or_else(|| panic!("no listener {name}: {gw}"))
+            .clone()
+    };
+    assert_eq!(
+        condition(&listener("pem")["conditions"], "ResolvedRefs"),
+        pair("False", "InvalidCertificateRef")
+    );
+    assert_eq!(
+        condition(&listener("own")["conditions"], "Programmed"),
+        pair("True", "Programmed")
+    );
+    // The listener whose key does not match serves no certificate of its own: its name gets
+    // the default one, which a client checking the name refuses.
+    let r = s.proxy.https("key.gw.test", "/", &pki.ca, &[]);
+    assert_ne!(r.status, 200, "{out}");
+}
+
 #[test]
 fn gateway_https_answers_421_to_requests_for_another_listener() {
     let dir = harness::TempDir::new("pki-gw-421");
