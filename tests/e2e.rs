@@ -778,6 +778,15 @@ fn restarted_agent_restarted_haproxy_and_new_pod_get_the_current_bundle() {
         },
     );
 
+    // A file the agent wrote is changed on disk (the next reload would load it): the agent
+    // reports drift, and the controller pushes the bundle again, which restores it.
+    let cfg = c.pods[0].dir.join("etc/haproxy.cfg");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(&cfg, format!("{text}# tampered\n")).unwrap();
+    wait_for("the drifted haproxy.cfg restored", DEADLINE, || {
+        std::fs::read_to_string(&cfg).is_ok_and(|t| !t.contains("# tampered"))
+    });
+
     // A new pod gets the current bundle at once.
     let n = c.add_pod();
     wait_for("new pod provisioned", DEADLINE, || {

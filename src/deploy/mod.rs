@@ -31,6 +31,22 @@ pub(crate) struct Published {
     pub checked_with: Option<String>,
     /// When the first change that led to this bundle was seen (event-to-deploy latency).
     pub first_change: Instant,
+    /// The bundle as sent (`PUT /v1/bundle`), encoded once for every pod: a copy per pod
+    /// pushed to at once would take the bundle's size times the pods.
+    pub wire: std::sync::OnceLock<Result<Vec<u8>, String>>,
+}
+
+impl Published {
+    /// The JSON body of `PUT /v1/bundle`.
+    pub(crate) fn wire(&self) -> Result<&[u8], String> {
+        self.wire
+            .get_or_init(|| {
+                serde_json::to_vec(&self.bundle.to_wire())
+                    .map_err(|e| format!("encode bundle: {e}"))
+            })
+            .as_deref()
+            .map_err(Clone::clone)
+    }
 }
 
 /// What the deployer reacts to.
@@ -122,9 +138,9 @@ impl Deployer {
         published: &Published,
         epoch: u64,
     ) -> Outcome {
-        let wire = match serde_json::to_vec(&published.bundle.to_wire()) {
+        let wire = match published.wire() {
             Ok(w) => w,
-            Err(e) => return Outcome::Failed(format!("encode bundle: {e}")),
+            Err(e) => return Outcome::Failed(e),
         };
         let mut headers = vec![
             (api::IF_MATCH, applied.unwrap_or("*").to_string()),
@@ -135,7 +151,7 @@ impl Deployer {
         }
         let reply = match self
             .client
-            .request(&pod.ip, "PUT", api::BUNDLE, &headers, Some(&wire))
+            .request(&pod.ip, "PUT", api::BUNDLE, &headers, Some(wire))
         {
             Ok(r) => r,
             Err(e) => return Outcome::Failed(e),
@@ -192,8 +208,21 @@ impl Deployer {
                 });
             }
         }
+        let drifted = !state.drift.config_ok || !state.drift.files_ok;
         let bundle = match state.mode {
             Mode::Bootstrap => None,
+            // Files on disk no longer hold the applied bundle (edited, or lost): the next
+            // reload would load them. Counted as running nothing, so the bundle is pushed
+            // again (the agent re-applies a bundle equal to its own when disk has drifted).
+            Mode::Applied if drifted => {
+                log::warn!(
+                    "pod {}: files on disk differ from the applied bundle {}: {}",
+                    pod.name,
+                    state.bundle.as_deref().unwrap_or("?"),
+                    state.drift.mismatches.join(", ")
+                );
+                None
+            }
             Mode::Applied => state.bundle,
         };
         Ok(AgentView { bundle, version })

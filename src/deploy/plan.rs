@@ -444,6 +444,7 @@ mod tests {
             reload,
             checked_with: None,
             first_change: now,
+            wire: Default::default(),
         })
     }
 
