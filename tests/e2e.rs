@@ -743,6 +743,17 @@ fn leader_failover_on_kill_and_on_sigterm() {
     let after_term = released.elapsed();
     eprintln!("SIGTERM: shutdown took {shutdown:?}; change deployed {after_term:?} after exit");
     assert_eq!(c.lease_holder().as_deref(), Some("ctrl-c"));
+
+    // The Lease deleted (a troubleshooting step): the leader creates it again, numbered above
+    // the epoch the agents hold (two terms), and its changes still reach every pod; from
+    // epoch 0 every agent would refuse them for good.
+    let (ok, out) = c.kubectl(&["delete", "lease", "haptic-leader", "-n", NS], None);
+    assert!(ok, "{out}");
+    wait_for("the Lease created again", DEADLINE, || {
+        c.lease_holder().is_some()
+    });
+    c.set_endpoints("web", &[&web2]);
+    c.wait_route("web.example.com", "/", 200, "web-2", DEADLINE);
 }
 
 #[test]

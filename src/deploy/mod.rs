@@ -176,7 +176,12 @@ impl Deployer {
             409 => Outcome::Stale {
                 current: error.current_bundle,
             },
-            412 => Outcome::Fenced(detail),
+            412 => {
+                if let Some(e) = error.highest_epoch {
+                    self.leadership.observe_agent_epoch(e);
+                }
+                Outcome::Fenced(detail)
+            }
             _ => Outcome::Failed(detail),
         }
     }
@@ -207,6 +212,11 @@ impl Deployer {
                     required: required.to_string(),
                 });
             }
+        }
+        // Leaders number their terms above the epochs agents hold (a Lease that starts over
+        // would otherwise be refused by every pod for good).
+        if let Some(e) = state.leader_epoch {
+            self.leadership.observe_agent_epoch(e);
         }
         let drifted = !state.drift.config_ok || !state.drift.files_ok;
         let bundle = match state.mode {
@@ -261,7 +271,7 @@ impl Deployer {
     /// takes over); only the leader pushes. Returns how long to sleep.
     fn turn(&self, plan: &mut Planner) -> Duration {
         let epoch = self.leadership.epoch();
-        if plan.saw_epoch(epoch, Instant::now()) {
+        if plan.saw_epoch(epoch, self.leadership.term(), Instant::now()) {
             log::info!("leading (epoch {epoch:?}): probing every pod; pushes wait until the reconciler has taken the published server slots");
         }
         let config = crate::lock(&self.config);

@@ -134,6 +134,8 @@ pub(crate) struct Planner {
     next_drift: Instant,
     /// The leader epoch the deployer saw last (`None`: a standby).
     seen_epoch: Option<u64>,
+    /// The leadership term `seen_epoch` belongs to.
+    seen_term: u64,
     /// A term just begun, whose pushes wait until the reconciler has taken the server slots
     /// the previous leader published ([`Planner::release`]), or until the deadline.
     hold: Option<(u64, Instant)>,
@@ -156,6 +158,7 @@ impl Planner {
             last_reload_push: None,
             next_drift: now,
             seen_epoch: None,
+            seen_term: 0,
             hold: None,
             released: None,
         }
@@ -164,10 +167,27 @@ impl Planner {
     /// The leader epoch as the deployer sees it before a round. Becoming leader (or a new
     /// epoch) begins a term: every pod is probed again, and pushes wait for [`Planner::release`].
     /// Returns whether a term began.
-    pub(super) fn saw_epoch(&mut self, epoch: Option<u64>, now: Instant) -> bool {
+    pub(super) fn saw_epoch(&mut self, epoch: Option<u64>, term: u64, now: Instant) -> bool {
         if epoch == self.seen_epoch {
             return false;
         }
+        // The same term under a new number (the Lease started over below what agents hold):
+        // what the pods run is still known, and a released term stays released.
+        if let (Some(old), Some(new)) = (self.seen_epoch, epoch) {
+            if term == self.seen_term {
+                self.seen_epoch = epoch;
+                if self.released >= Some(old) {
+                    self.released = Some(new);
+                }
+                if let Some((e, until)) = self.hold {
+                    if e == old {
+                        self.hold = Some((new, until));
+                    }
+                }
+                return false;
+            }
+        }
+        self.seen_term = term;
         self.seen_epoch = epoch;
         self.new_term(now);
         match epoch {
@@ -487,8 +507,11 @@ mod tests {
         let mut p = admitted(t0);
         p.set_bundle(bundle("one", false, t0));
         // Becoming leader: probe again, and no push until the reconciler releases the term.
-        assert!(p.saw_epoch(Some(3), t0));
-        assert!(!p.saw_epoch(Some(3), t0), "the same epoch begins no term");
+        assert!(p.saw_epoch(Some(3), 1, t0));
+        assert!(
+            !p.saw_epoch(Some(3), 1, t0),
+            "the same epoch begins no term"
+        );
         for (key, _) in p.probes(t0, Duration::from_secs(60)).0 {
             p.probed(&key, view(None), true, false, t0);
         }
@@ -508,8 +531,8 @@ mod tests {
             ["ing/a", "ing/b"]
         );
         // A later term is held again; without a release it goes at the deadline.
-        assert!(!p.saw_epoch(None, t0), "losing the lead holds nothing");
-        assert!(p.saw_epoch(Some(5), t0));
+        assert!(!p.saw_epoch(None, 1, t0), "losing the lead holds nothing");
+        assert!(p.saw_epoch(Some(5), 2, t0));
         for (key, _) in p.probes(t0, Duration::from_secs(60)).0 {
             p.probed(&key, view(None), true, false, t0);
         }
@@ -527,11 +550,19 @@ mod tests {
         );
         // A release that comes before the deployer saw the epoch counts all the same.
         p.release(6);
-        assert!(p.saw_epoch(Some(6), after));
+        assert!(p.saw_epoch(Some(6), 3, after));
         assert!(p.held_until(6, after).is_none());
         // A late release of an older term does not hold the current one again.
         p.release(4);
         assert!(p.held_until(6, after).is_none());
+        // The same term renumbered (the Lease started over below the agents' epoch): no new
+        // term, nothing held, what the pods run is still known.
+        for (key, _) in p.probes(after, Duration::from_secs(60)).0 {
+            p.probed(&key, view(None), true, false, after);
+        }
+        assert!(!p.saw_epoch(Some(9), 3, after));
+        assert!(p.held_until(9, after).is_none());
+        assert!(p.probes(after, Duration::from_secs(60)).0.is_empty());
     }
 
     #[test]

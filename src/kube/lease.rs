@@ -7,7 +7,7 @@
 //! `renew_deadline` steps down before its lease can expire elsewhere; on shutdown it clears the
 //! holder so a standby takes over within one retry period.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -48,16 +48,27 @@ pub enum LeaderEvent {
 #[derive(Debug, Default)]
 pub struct Leadership {
     state: std::sync::Mutex<Option<(Instant, u64)>>,
+    /// The highest epoch an agent says it has accepted (from this leader or any before). Agents
+    /// refuse a lower one for good, so a Lease that starts over (deleted, renamed) must not
+    /// start below it: the elector numbers its terms above it.
+    agents_epoch: AtomicU64,
+    /// Without election (one replica, the only writer): the epoch is the agents' own.
+    follows_agents: bool,
+    /// Terms gained: an epoch that changes within one term is a renumbering, not a new leader.
+    term: AtomicU64,
 }
 
 impl Leadership {
-    /// Leadership without election (single replica): always leading, epoch 0.
+    /// Leadership without election (single replica): always leading, at the highest epoch
+    /// the agents have accepted (0 at first).
     pub fn always() -> Leadership {
         Leadership {
             state: std::sync::Mutex::new(Some((
                 Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600),
                 0,
             ))),
+            follows_agents: true,
+            ..Leadership::default()
         }
     }
 
@@ -68,7 +79,24 @@ impl Leadership {
     /// The epoch while leading.
     pub fn epoch(&self) -> Option<u64> {
         let state = crate::lock(&self.state);
-        state.and_then(|(until, epoch)| (Instant::now() < until).then_some(epoch))
+        let agents = self.follows_agents.then(|| self.agents_epoch());
+        state.and_then(|(until, epoch)| {
+            (Instant::now() < until).then_some(epoch.max(agents.unwrap_or(0)))
+        })
+    }
+
+    /// The term this replica leads in (it grows each time leadership is gained).
+    pub fn term(&self) -> u64 {
+        self.term.load(Ordering::SeqCst)
+    }
+
+    /// An agent has accepted `epoch` (from its state, or a refusal naming it).
+    pub fn observe_agent_epoch(&self, epoch: u64) {
+        self.agents_epoch.fetch_max(epoch, Ordering::SeqCst);
+    }
+
+    pub fn agents_epoch(&self) -> u64 {
+        self.agents_epoch.load(Ordering::SeqCst)
     }
 
     fn set(&self, value: Option<(Instant, u64)>) {
@@ -176,14 +204,15 @@ impl Elector {
         let lease = match self.client.get(&res, ns, &self.config.name) {
             Ok(lease) => lease,
             Err(e) if e.is_not_found() => {
+                let epoch = self.first_epoch(0);
                 let object = json!({
                     "apiVersion": "coordination.k8s.io/v1",
                     "kind": "Lease",
                     "metadata": {"name": self.config.name, "namespace": self.config.namespace},
-                    "spec": self.spec(now, Some(now), 0),
+                    "spec": self.spec(now, Some(now), epoch),
                 });
                 return match self.client.create(&res, ns, &object) {
-                    Ok(_) => Ok(Attempt::Leading { epoch: 0 }),
+                    Ok(_) => Ok(Attempt::Leading { epoch }),
                     Err(e) if e.is_conflict() => Ok(Attempt::Following),
                     Err(e) => Err(e),
                 };
@@ -231,9 +260,20 @@ impl Elector {
             return Ok(Attempt::Following);
         }
         let (transitions, acquire) = if mine {
-            (transitions, None)
+            // Agents hold a higher epoch than the Lease (it was deleted or reset under this
+            // leader, or another Lease was used before): renumber above it, or every pod
+            // refuses this leader for good.
+            let renumbered = self.renewed_epoch(transitions);
+            if renumbered != transitions {
+                log::warn!(
+                    "lease={}: agents have accepted epoch {}, above this Lease's {transitions} (the Lease was recreated or reset): leading on as epoch {renumbered}",
+                    self.config.name,
+                    self.leadership.agents_epoch()
+                );
+            }
+            (renumbered, None)
         } else {
-            (transitions + 1, Some(now))
+            (self.first_epoch(transitions + 1), Some(now))
         };
         let mut updated = lease.clone();
         let mut new_spec = self.spec(now, acquire, transitions);
@@ -250,9 +290,34 @@ impl Elector {
         }
     }
 
+    /// The epoch of a new term, `candidate` unless agents have accepted it or more already
+    /// (another leader used it): then the one above theirs.
+    fn first_epoch(&self, candidate: u64) -> u64 {
+        let agents = self.leadership.agents_epoch();
+        if agents >= candidate && agents > 0 {
+            agents + 1
+        } else {
+            candidate
+        }
+    }
+
+    /// The epoch of the term this replica holds at `epoch`: the same, unless agents hold a
+    /// higher one (the Lease started over under it).
+    fn renewed_epoch(&self, epoch: u64) -> u64 {
+        let agents = self.leadership.agents_epoch();
+        if agents > epoch {
+            agents + 1
+        } else {
+            epoch
+        }
+    }
+
     fn set_leading(&mut self, leading: bool, epoch: u64) {
         if leading == self.leading {
             return;
+        }
+        if leading {
+            self.leadership.term.fetch_add(1, Ordering::SeqCst);
         }
         self.leading = leading;
         self.transitions += 1;
@@ -367,8 +432,26 @@ impl Elector {
 
 #[cfg(test)]
 mod tests {
-    use super::micro_time;
+    use super::{micro_time, Leadership};
     use std::time::{Duration, SystemTime};
+
+    /// Without election the one replica leads at the agents' epoch: one left at a higher
+    /// epoch by an earlier leader-elected run is not refused for good.
+    #[test]
+    fn without_election_the_epoch_follows_the_agents() {
+        let l = Leadership::always();
+        assert_eq!(l.epoch(), Some(0));
+        l.observe_agent_epoch(4);
+        l.observe_agent_epoch(2);
+        assert_eq!(l.epoch(), Some(4));
+        let elected = Leadership::default();
+        elected.observe_agent_epoch(4);
+        assert_eq!(
+            elected.epoch(),
+            None,
+            "an elected replica leads only by its Lease"
+        );
+    }
 
     #[test]
     fn formats_micro_time() {
