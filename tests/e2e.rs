@@ -767,6 +767,13 @@ fn restarted_agent_restarted_haproxy_and_new_pod_get_the_current_bundle() {
         c.request(1, "web.example.com", "/")
             .is_some_and(|(_, b)| b.contains("web-2"))
     });
+    // The condition counts the pod whose agent does not answer as behind, named.
+    let down = c.pods[0].name.clone();
+    wait_for("Deployed=False naming the pod", DEADLINE, || {
+        c.condition("Deployed").is_some_and(|(s, m)| {
+            s == "False" && m.contains(&down) && m.contains("applied to 1/2 pods")
+        })
+    });
     c.pods[0].start_agent();
     wait_for(
         "pod 0 caught up after its agent restarted",

@@ -409,7 +409,7 @@ impl StatusWriter {
                     _ => None,
                 })
                 .collect();
-            let behind: Vec<String> = admitted
+            let mut behind: Vec<String> = admitted
                 .iter()
                 .filter(|pod| pod.applied_bundle.as_deref() != Some(p.hash.as_str()))
                 .map(|pod| match &pod.last_error {
@@ -417,14 +417,25 @@ impl StatusWriter {
                     None => format!("{}: pending", pod.name),
                 })
                 .collect();
+            // A pod whose agent does not answer is behind too (it serves whatever it ran last),
+            // not left out of the count: "applied to 2/2 pods" with a third one stale hid it.
+            let unreachable: Vec<String> = pods
+                .iter()
+                .filter_map(|pod| match &pod.not_admitted {
+                    Some(why @ NotAdmitted::AgentUnavailable { .. }) => {
+                        Some(format!("{}: {why}", pod.name))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let targets = admitted.len() + unreachable.len();
+            let applied = admitted.len() - behind.len();
+            behind.extend(unreachable);
             out.push(if !refused.is_empty() {
                 let mut message = refused.join("; ");
-                if !admitted.is_empty() {
-                    message = format!(
-                        "{message}; applied to {}/{} admitted pods",
-                        admitted.len() - behind.len(),
-                        admitted.len()
-                    );
+                if targets > 0 {
+                    message =
+                        format!("{message}; applied to {applied}/{targets} of the other pods");
                 }
                 Condition {
                     kind: "Deployed",
@@ -432,7 +443,7 @@ impl StatusWriter {
                     reason: "PodsRefused".into(),
                     message,
                 }
-            } else if admitted.is_empty() {
+            } else if targets == 0 {
                 Condition {
                     kind: "Deployed",
                     ok: false,
@@ -444,14 +455,14 @@ impl StatusWriter {
                     kind: "Deployed",
                     ok: true,
                     reason: "Deployed".into(),
-                    message: format!("applied to {}/{} pods", admitted.len(), admitted.len()),
+                    message: format!("applied to {applied}/{targets} pods"),
                 }
             } else {
                 Condition {
                     kind: "Deployed",
                     ok: false,
                     reason: "Pending".into(),
-                    message: behind.join("; "),
+                    message: format!("applied to {applied}/{targets} pods; {}", behind.join("; ")),
                 }
             });
         }
