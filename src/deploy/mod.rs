@@ -203,6 +203,14 @@ impl Deployer {
         }
         let state: AgentState = serde_json::from_slice(&reply.body)
             .map_err(|e| unavailable(format!("GET {}: unreadable reply: {e}", api::STATE)))?;
+        // HAProxy does not answer its agent (starting, or a container restart): what it runs
+        // is unknown, so it is asked again after the backoff rather than taken from the
+        // agent's last state.
+        if let Some(e) = &state.haproxy.error {
+            return Err(unavailable(format!(
+                "HAProxy does not answer its agent: {e}"
+            )));
+        }
         let version = state.haproxy.version.clone().unwrap_or_default();
         if let Some(required) = required {
             let pod_mm: String = version.split('.').take(2).collect::<Vec<_>>().join(".");

@@ -94,6 +94,8 @@ pub(crate) struct PodState {
     pub known: bool,
     backoff: Backoff,
     pub next_attempt: Instant,
+    /// [`PodTarget::incarnation`] as last seen.
+    incarnation: String,
 }
 
 impl PodState {
@@ -109,6 +111,7 @@ impl PodState {
             known: false,
             backoff: Backoff::default(),
             next_attempt: now,
+            incarnation: target.incarnation.clone(),
         }
     }
 
@@ -117,6 +120,7 @@ impl PodState {
             namespace: self.status.namespace.clone(),
             name: self.status.name.clone(),
             ip: self.status.ip.clone(),
+            incarnation: self.incarnation.clone(),
         }
     }
 
@@ -231,6 +235,12 @@ impl Planner {
                 .or_insert_with(|| PodState::new(&target, now));
             if entry.status.ip != target.ip {
                 *entry = PodState::new(&target, now);
+            } else if entry.incarnation != target.incarnation {
+                // A container restarted (or the pod was recreated under its name and IP):
+                // what it runs is asked again now.
+                entry.incarnation = target.incarnation.clone();
+                entry.known = false;
+                entry.next_attempt = now;
             }
         }
     }
@@ -453,6 +463,7 @@ mod tests {
             namespace: "ing".into(),
             name: name.into(),
             ip: ip.into(),
+            incarnation: "uid haproxy=0,haptic-agent=0".into(),
         }
     }
 
@@ -563,6 +574,33 @@ mod tests {
         assert!(!p.saw_epoch(Some(9), 3, after));
         assert!(p.held_until(9, after).is_none());
         assert!(p.probes(after, Duration::from_secs(60)).0.is_empty());
+    }
+
+    /// A container that restarts (HAProxy back on its bootstrap configuration) changes the
+    /// pod's incarnation under the same name and IP: it is asked again at once, not at the
+    /// next drift check.
+    #[test]
+    fn a_restarted_container_is_probed_again_at_once() {
+        let t0 = Instant::now();
+        let mut p = Planner::new(t0);
+        p.set_pods(vec![target("a", "10.0.0.1")], t0);
+        for (key, _) in p.probes(t0, Duration::from_secs(60)).0 {
+            p.probed(&key, view(Some("b1")), true, false, t0);
+        }
+        let later = t0 + Duration::from_secs(5);
+        assert!(p.probes(later, Duration::from_secs(60)).0.is_empty());
+        p.set_pods(vec![target("a", "10.0.0.1")], later);
+        assert!(
+            p.probes(later, Duration::from_secs(60)).0.is_empty(),
+            "nothing changed"
+        );
+        let mut restarted = target("a", "10.0.0.1");
+        restarted.incarnation = "uid haproxy=1,haptic-agent=0".into();
+        p.set_pods(vec![restarted.clone()], later);
+        assert_eq!(
+            p.probes(later, Duration::from_secs(60)).0,
+            vec![("ing/a".to_string(), restarted)]
+        );
     }
 
     #[test]

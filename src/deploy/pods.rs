@@ -12,6 +12,10 @@ pub(crate) struct PodTarget {
     pub namespace: String,
     pub name: String,
     pub ip: String,
+    /// The pod's uid and its containers' restart counts: another value under the same name
+    /// and IP means a container restarted (HAProxy comes back on its bootstrap configuration),
+    /// so what the pod runs must be asked again at once, not at the next drift check.
+    pub incarnation: String,
 }
 
 /// Why a pod is not a target, for logs and `/debug/pods`.
@@ -58,10 +62,27 @@ pub(crate) fn targets(pods: &Store) -> Vec<PodTarget> {
         .filter_map(|p| {
             let p = p.root();
             let text = |path: &[&str]| Some(p.pointer(path)?.as_str()?.to_string());
+            let restarts: Vec<String> = p
+                .pointer(&["status", "containerStatuses"])
+                .map(|list| {
+                    list.items()
+                        .map(|c| {
+                            let name = c.get("name").and_then(NodeRef::as_str).unwrap_or("");
+                            let n = c.get("restartCount").and_then(NodeRef::as_u64).unwrap_or(0);
+                            format!("{name}={n}")
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
             Some(PodTarget {
                 namespace: text(&["metadata", "namespace"])?,
                 name: text(&["metadata", "name"])?,
                 ip: text(&["status", "podIP"])?,
+                incarnation: format!(
+                    "{} {}",
+                    text(&["metadata", "uid"]).unwrap_or_default(),
+                    restarts.join(",")
+                ),
             })
         })
         .collect()
