@@ -1013,6 +1013,45 @@ fn listener_isolation_spans_the_gateways_of_the_class() {
     assert_eq!(to("b.test", "/x"), pair_n(200, "b"));
 }
 
+/// A GRPCRoute takes gRPC requests only: on a hostname an HTTPRoute of another namespace
+/// serves too, its service pattern `.*` (which spans slashes) does not take the HTTP requests.
+#[test]
+fn a_grpc_route_never_takes_http_requests_on_a_shared_hostname() {
+    let python = grpc_python();
+    let rpc = GrpcEcho::start(&python, "rpc");
+    let web = Echo::start("web");
+    let mut m = service_yaml("shop", "web", &web);
+    m.push_str(&service_yaml_port("other", "rpc", rpc.port));
+    m.push_str(&gateway_yaml(
+        "shared",
+        r#"    - {name: http, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: All}}}
+"#,
+    ));
+    m.push_str(&route(
+        "shop",
+        "web",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: shared, namespace: default}]\n  hostnames: [shop.test]\n  rules: [{backendRefs: [{name: web, port: 80}]}]\n",
+    ));
+    m.push_str(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: g, namespace: other, creationTimestamp: \"2024-02-01T00:00:00Z\"}\nspec:\n  parentRefs: [{name: shared, namespace: default}]\n  hostnames: [shop.test]\n  rules: [{matches: [{method: {type: RegularExpression, service: \".*\"}}], backendRefs: [{name: rpc, port: 80}]}]\n",
+    );
+    let s = Scenario::start("gateway-grpc-http-shared", &m, &[]);
+    let to = |path: &str, args: &[&str]| {
+        let r = s.proxy.http_with("shop.test", path, args);
+        (r.status, r.backend().unwrap_or("").to_string())
+    };
+    for path in ["/account/orders/42", "/a/b", "/cart"] {
+        assert_eq!(to(path, &[]), pair_n(200, "web"), "{path}");
+    }
+    // A gRPC call is the GRPCRoute's.
+    let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
+    assert_eq!(
+        grpc_client(&python, &["client", &target, "shop.test", "/pkg.Svc/Call", "hi", ""]),
+        "rpc /pkg.Svc/Call hi"
+    );
+}
+
 #[test]
 fn gateway_https_answers_421_to_requests_for_another_listener() {
     let dir = harness::TempDir::new("pki-gw-421");
