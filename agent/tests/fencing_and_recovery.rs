@@ -26,6 +26,26 @@ fn bundle(env: &Env, variant: u32) -> Bundle {
     )
 }
 
+/// `bundle(env, variant)` that takes HAProxy `secs` seconds of CPU time to load: Lua runs as
+/// the configuration is read (by the master on 2.6, by the new worker on 3.1 and later).
+fn slow_bundle(env: &Env, variant: u32, secs: u32) -> Bundle {
+    let lua = env.root.join("slow.lua");
+    std::fs::write(
+        &lua,
+        format!("local t = os.clock()\nwhile os.clock() - t < {secs} do end\n"),
+    )
+    .unwrap();
+    let b = bundle(env, variant);
+    Bundle::new(
+        b.haproxy_cfg.replacen(
+            "global\n",
+            &format!("global\n    lua-load {}\n", lua.display()),
+            1,
+        ),
+        b.files,
+    )
+}
+
 /// Restarts the agent with `fault` set and sends it `bundle`: the agent exits at that point of
 /// the apply (status 86), as a crash would stop it.
 fn crash_applying(env: &mut Env, fault: &str, bundle: &Bundle) {
@@ -212,22 +232,7 @@ fn a_restart_while_haproxy_loads_the_interrupted_bundle_keeps_its_files() {
     });
     let v1 = bundle(&env, 1);
     env.apply(&v1, "reload");
-    // v2 takes HAProxy 4 s to load (Lua runs as it reads the configuration).
-    let lua = env.root.join("slow.lua");
-    std::fs::write(
-        &lua,
-        "local t = os.clock()\nwhile os.clock() - t < 4 do end\n",
-    )
-    .unwrap();
-    let v2 = bundle(&env, 2);
-    let v2 = Bundle::new(
-        v2.haproxy_cfg.replacen(
-            "global\n",
-            &format!("global\n    lua-load {}\n", lua.display()),
-            1,
-        ),
-        v2.files,
-    );
+    let v2 = slow_bundle(&env, 2, 4);
     // Killed before HAProxy was told; the restarted agent's reload is not confirmed in time:
     // the committed files stay (restoring v1's under the loading HAProxy would mix the two).
     crash_applying(&mut env, "after-commit", &v2);
@@ -254,21 +259,7 @@ fn an_agent_killed_while_haproxy_loads_restarts_without_touching_the_files() {
     let mut env = Env::start(Options::default());
     let v1 = bundle(&env, 1);
     env.apply(&v1, "reload");
-    let lua = env.root.join("slow.lua");
-    std::fs::write(
-        &lua,
-        "local t = os.clock()\nwhile os.clock() - t < 5 do end\n",
-    )
-    .unwrap();
-    let v2 = bundle(&env, 2);
-    let v2 = Bundle::new(
-        v2.haproxy_cfg.replacen(
-            "global\n",
-            &format!("global\n    lua-load {}\n", lua.display()),
-            1,
-        ),
-        v2.files,
-    );
+    let v2 = slow_bundle(&env, 2, 5);
     let running = env.state()["haproxy"]["version"]
         .as_str()
         .unwrap()

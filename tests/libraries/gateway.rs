@@ -1047,7 +1047,10 @@ fn a_grpc_route_never_takes_http_requests_on_a_shared_hostname() {
     // A gRPC call is the GRPCRoute's.
     let target = format!("{}:{}", s.proxy.ports.ip, s.proxy.ports.http);
     assert_eq!(
-        grpc_client(&python, &["client", &target, "shop.test", "/pkg.Svc/Call", "hi", ""]),
+        grpc_client(
+            &python,
+            &["client", &target, "shop.test", "/pkg.Svc/Call", "hi", ""]
+        ),
         "rpc /pkg.Svc/Call hi"
     );
 }
