@@ -59,7 +59,14 @@ impl<S: Read + OverTcp> Read for Deadline<S> {
         self.inner
             .tcp()
             .set_read_timeout(Some(left.min(self.io_timeout)))?;
-        self.inner.read(buf)
+        // A socket timeout is reported as WouldBlock on Linux: the same thing, said once.
+        self.inner.read(buf).map_err(|e| match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the request was not received in time",
+            ),
+            _ => e,
+        })
     }
 }
 
