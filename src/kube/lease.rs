@@ -148,6 +148,12 @@ pub struct Elector {
     last_renew: Instant,
     /// Leadership changes this replica took part in (for metrics).
     pub transitions: u64,
+    /// The highest `leaseTransitions` this replica has seen on the Lease (or written): a Lease
+    /// created again numbers its first term above it, even before any agent has been asked.
+    seen_epoch: Option<u64>,
+    /// Whether this term was renumbered already: once is what a reset Lease needs; more would
+    /// be two leaders on two Leases outbidding each other, which is reported instead.
+    renumbered: bool,
 }
 
 enum Attempt {
@@ -171,6 +177,8 @@ impl Elector {
             events,
             stop,
             observed: None,
+            seen_epoch: None,
+            renumbered: false,
             leading: false,
             last_renew: Instant::now(),
             transitions: 0,
@@ -204,6 +212,7 @@ impl Elector {
         let lease = match self.client.get(&res, ns, &self.config.name) {
             Ok(lease) => lease,
             Err(e) if e.is_not_found() => {
+                self.renumbered = false;
                 let epoch = self.first_epoch(0);
                 let object = json!({
                     "apiVersion": "coordination.k8s.io/v1",
@@ -239,6 +248,7 @@ impl Elector {
             .get("leaseTransitions")
             .and_then(Value::as_u64)
             .unwrap_or(0);
+        self.seen_epoch = Some(self.seen_epoch.map_or(transitions, |s| s.max(transitions)));
         let changed = self
             .observed
             .as_ref()
@@ -260,19 +270,30 @@ impl Elector {
             return Ok(Attempt::Following);
         }
         let (transitions, acquire) = if mine {
-            // Agents hold a higher epoch than the Lease (it was deleted or reset under this
-            // leader, or another Lease was used before): renumber above it, or every pod
-            // refuses this leader for good.
+            // Agents hold a higher epoch than the Lease (it was created again before this
+            // leader had asked them): renumber above it once, or every pod refuses this
+            // leader for good.
             let renumbered = self.renewed_epoch(transitions);
-            if renumbered != transitions {
+            if renumbered != transitions && !self.renumbered {
                 log::warn!(
                     "lease={}: agents have accepted epoch {}, above this Lease's {transitions} (the Lease was recreated or reset): leading on as epoch {renumbered}",
                     self.config.name,
                     self.leadership.agents_epoch()
                 );
+                self.renumbered = true;
+                (renumbered, None)
+            } else {
+                if renumbered != transitions {
+                    log::error!(
+                        "lease={}: agents keep accepting a higher epoch ({}) than this leader's {transitions}: another controller leads on another Lease (leaseName differs?); this one's pushes are refused",
+                        self.config.name,
+                        self.leadership.agents_epoch()
+                    );
+                }
+                (transitions, None)
             }
-            (renumbered, None)
         } else {
+            self.renumbered = false;
             (self.first_epoch(transitions + 1), Some(now))
         };
         let mut updated = lease.clone();
@@ -290,14 +311,18 @@ impl Elector {
         }
     }
 
-    /// The epoch of a new term, `candidate` unless agents have accepted it or more already
-    /// (another leader used it): then the one above theirs.
+    /// The epoch of a new term: `candidate`, unless agents have accepted it or more already,
+    /// or this replica saw the Lease at it or above (another leader used it, and the Lease was
+    /// created again since): then the one above the highest of them.
     fn first_epoch(&self, candidate: u64) -> u64 {
         let agents = self.leadership.agents_epoch();
-        if agents >= candidate && agents > 0 {
-            agents + 1
-        } else {
-            candidate
+        let used = match self.seen_epoch {
+            Some(seen) => Some(seen.max(agents)),
+            None => (agents > 0).then_some(agents),
+        };
+        match used {
+            Some(used) if used >= candidate => used + 1,
+            _ => candidate,
         }
     }
 
@@ -315,9 +340,6 @@ impl Elector {
     fn set_leading(&mut self, leading: bool, epoch: u64) {
         if leading == self.leading {
             return;
-        }
-        if leading {
-            self.leadership.term.fetch_add(1, Ordering::SeqCst);
         }
         self.leading = leading;
         self.transitions += 1;
@@ -395,6 +417,11 @@ impl Elector {
             match self.try_acquire_or_renew() {
                 Ok(Attempt::Leading { epoch }) => {
                     self.last_renew = started;
+                    if !self.leading {
+                        // A new term, counted before its epoch shows: a reader never sees the
+                        // new epoch with the old term (and takes it for a renumbering).
+                        self.leadership.term.fetch_add(1, Ordering::SeqCst);
+                    }
                     self.leadership
                         .set(Some((started + self.config.renew_deadline, epoch)));
                     self.set_leading(true, epoch);
