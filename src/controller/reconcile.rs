@@ -431,7 +431,6 @@ impl Reconciler {
             reload,
             checked_with: checked.then(|| self.haproxy_release.clone()),
             first_change,
-            wire: Default::default(),
         });
         let _ = self.deployer.send(DeployMsg::Bundle(published.clone()));
         self.release_term(s);

@@ -31,22 +31,6 @@ pub(crate) struct Published {
     pub checked_with: Option<String>,
     /// When the first change that led to this bundle was seen (event-to-deploy latency).
     pub first_change: Instant,
-    /// The bundle as sent (`PUT /v1/bundle`), encoded once for every pod: a copy per pod
-    /// pushed to at once would take the bundle's size times the pods.
-    pub wire: std::sync::OnceLock<Result<Vec<u8>, String>>,
-}
-
-impl Published {
-    /// The JSON body of `PUT /v1/bundle`.
-    pub(crate) fn wire(&self) -> Result<&[u8], String> {
-        self.wire
-            .get_or_init(|| {
-                serde_json::to_vec(&self.bundle.to_wire())
-                    .map_err(|e| format!("encode bundle: {e}"))
-            })
-            .as_deref()
-            .map_err(Clone::clone)
-    }
 }
 
 /// What the deployer reacts to.
@@ -131,17 +115,16 @@ fn now_rfc3339() -> String {
 }
 
 impl Deployer {
+    /// `wire`: the bundle's JSON body, encoded once per round for all its pods (a copy per
+    /// pod pushed to at once would take the bundle's size times the pods).
     fn push(
         &self,
         pod: &PodTarget,
         applied: Option<&str>,
         published: &Published,
+        wire: &[u8],
         epoch: u64,
     ) -> Outcome {
-        let wire = match published.wire() {
-            Ok(w) => w,
-            Err(e) => return Outcome::Failed(e),
-        };
         let mut headers = vec![
             (api::IF_MATCH, applied.unwrap_or("*").to_string()),
             (api::EPOCH, epoch.to_string()),
@@ -331,6 +314,8 @@ impl Deployer {
         };
         let hash = published.hash.as_str();
         let started = Instant::now();
+        let wire = serde_json::to_vec(&published.bundle.to_wire())
+            .map_err(|e| format!("encode bundle: {e}"));
         let pushes: Vec<(String, (PodTarget, Option<String>))> = due
             .into_iter()
             .map(|(key, target, applied)| (key, (target, applied)))
@@ -338,7 +323,10 @@ impl Deployer {
         let outcomes = parallel(
             pushes,
             limit,
-            |(target, applied)| self.push(target, applied.as_deref(), &published, epoch),
+            |(target, applied)| match &wire {
+                Ok(wire) => self.push(target, applied.as_deref(), &published, wire, epoch),
+                Err(e) => Outcome::Failed(e.clone()),
+            },
             || Outcome::Failed("push panicked".into()),
         );
         let mut ok = 0;

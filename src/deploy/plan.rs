@@ -475,7 +475,6 @@ mod tests {
             reload,
             checked_with: None,
             first_change: now,
-            wire: Default::default(),
         })
     }
 
