@@ -165,6 +165,10 @@ impl Deployer {
                 }
                 Outcome::Fenced(detail)
             }
+            // Another apply runs, or HAProxy still loads a reload the agent waits for: not a
+            // failure (no error counted), asked again after the backoff.
+            423 => Outcome::Busy(detail),
+            503 if error.error == "reload_in_progress" => Outcome::Busy(detail),
             _ => Outcome::Failed(detail),
         }
     }
@@ -393,6 +397,7 @@ impl Deployer {
                     "pod={key} refused our epoch {epoch} ({detail}); a newer leader is deploying"
                 )
             }
+            Note::Busy(detail) => log::info!("pod={key} is busy ({detail}); asking again"),
             Note::Failed(error) => {
                 log::warn!("pod={key} deploy failed: {error}");
                 self.metrics

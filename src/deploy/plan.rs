@@ -39,6 +39,9 @@ pub(crate) enum Outcome {
     Failed(String),
     /// A newer leader exists: stop pushing to this pod for a while.
     Fenced(String),
+    /// The agent is busy (another apply, a reload still loading): nothing changed, and nothing
+    /// is wrong; asked again after the backoff.
+    Busy(String),
 }
 
 /// What the thin layer should log or count after a probe or a push.
@@ -67,6 +70,7 @@ pub(crate) enum Note {
     },
     Fenced(String),
     Failed(String),
+    Busy(String),
 }
 
 /// The next push round, when one is due.
@@ -409,6 +413,12 @@ impl Planner {
                 pod.retry_later(now);
                 Note::Fenced(detail)
             }
+            Outcome::Busy(detail) => {
+                pod.retry_later(now);
+                // What it runs when the agent is done is asked before the next push.
+                pod.known = false;
+                Note::Busy(detail)
+            }
             Outcome::Failed(error) => {
                 pod.status.last_error = Some(error.clone());
                 pod.status.consecutive_failures += 1;
@@ -718,6 +728,32 @@ mod tests {
             push_keys(&p.pushes(Some(1), min, t0 + min)),
             ["ing/a", "ing/b"]
         );
+    }
+
+    /// A busy agent (423, or 503 reload_in_progress) is asked again after the backoff, and
+    /// counts as no failure: the pod's status keeps no error.
+    #[test]
+    fn a_busy_agent_is_asked_again_without_a_failure() {
+        let t0 = Instant::now();
+        let mut p = admitted(t0);
+        let b1 = bundle("one", false, t0);
+        p.set_bundle(b1.clone());
+        push_keys(&p.pushes(Some(1), Duration::ZERO, t0));
+        let note = p.pushed(
+            "ing/a",
+            &hash(&b1),
+            Outcome::Busy("423 busy".into()),
+            t0,
+            "t0",
+        );
+        assert_eq!(note, Note::Busy("423 busy".into()));
+        let a = p.statuses().into_iter().find(|s| s.name == "a").unwrap();
+        assert_eq!((a.last_error, a.consecutive_failures), (None, 0));
+        // Not pushed again before its backoff, and probed first.
+        assert_eq!(push_keys(&p.pushes(Some(1), Duration::ZERO, t0)), ["ing/b"]);
+        let later = t0 + Duration::from_secs(1);
+        let (probes, _) = p.probes(later, Duration::from_secs(60));
+        assert_eq!(probes.len(), 1, "{probes:?}");
     }
 
     #[test]
