@@ -962,6 +962,72 @@ fn a_tenants_broken_certificate_costs_its_listener_not_the_gateway() {
     assert_ne!(r.status, 200, "{out}");
 }
 
+/// Gateways of the class share HAProxy's addresses, so listener isolation spans them: a route
+/// another namespace attaches to a shared Gateway's host-less listener never answers a name
+/// that a team's own Gateway claims with a listener hostname, whatever its paths (a regular
+/// expression outranks every prefix) or its age.
+#[test]
+fn listener_isolation_spans_the_gateways_of_the_class() {
+    let (a, b) = (Echo::start("a"), Echo::start("b"));
+    let mut m = service_yaml("team-a", "a", &a);
+    m.push_str(&service_yaml("tenant-b", "b", &b));
+    m.push_str(&gateway_yaml(
+        "shared",
+        r#"    - {name: any, protocol: HTTP, port: 80, allowedRoutes: {namespaces: {from: All}}}
+"#,
+    ));
+    m.push_str(
+        "---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: team-a, namespace: team-a}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n    - {name: a, protocol: HTTP, port: 80, hostname: \"*.a.test\"}\n",
+    );
+    // The thief's route is the older one.
+    m.push_str(&route(
+        "tenant-b",
+        "grab",
+        "2023-01-01T00:00:00Z",
+        "  parentRefs: [{name: shared, namespace: default}]\n  hostnames: [login.a.test, b.test]\n  rules: [{matches: [{path: {type: RegularExpression, value: \".*\"}}], backendRefs: [{name: b, port: 80}]}]\n",
+    ));
+    m.push_str(&route(
+        "tenant-b",
+        "catch",
+        "2023-01-01T00:00:00Z",
+        "  parentRefs: [{name: shared, namespace: default}]\n  rules: [{matches: [{path: {type: PathPrefix, value: /catch}}], backendRefs: [{name: b, port: 80}]}]\n",
+    ));
+    m.push_str(&route(
+        "team-a",
+        "login",
+        "2024-01-01T00:00:00Z",
+        "  parentRefs: [{name: team-a}]\n  hostnames: [login.a.test]\n  rules: [{backendRefs: [{name: a, port: 80}]}]\n",
+    ));
+    // Many listener hostnames on the frontend (more than the 64 words of an HAProxy line, were
+    // they written on each route line): the check stays one condition per line.
+    for g in 0..2 {
+        let many: String = (0..40)
+            .map(|i| {
+                format!("    - {{name: l{i}, protocol: HTTP, port: 80, hostname: l{g}-{i}.many.test}}\n")
+            })
+            .collect();
+        m.push_str(&format!(
+            "---\napiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: many-{g}, namespace: team-a}}\nspec:\n  gatewayClassName: haproxy\n  listeners:\n{many}"
+        ));
+    }
+    let s = Scenario::start("gateway-isolation-across", &m, &[]);
+    assert!(!s.render_output.contains("left out"), "{}", s.render_output);
+    let to = |host: &str, path: &str| {
+        let r = s.proxy.http(host, path);
+        (r.status, r.backend().unwrap_or("").to_string())
+    };
+    assert_eq!(to("login.a.test", "/"), pair_n(200, "a"));
+    assert_eq!(to("login.a.test", "/secret"), pair_n(200, "a"));
+    // A name the team's listener claims and no route of theirs has: not the thief's
+    // hostname-less route either.
+    assert_eq!(to("other.a.test", "/catch"), pair_n(404, ""));
+    assert_eq!(to("elsewhere.test", "/catch"), pair_n(200, "b"));
+    // The shared listener still serves the names no other listener claims.
+    assert_eq!(to("b.test", "/x"), pair_n(200, "b"));
+    // A name one of the many listeners claims is not the shared listener's either.
+    assert_eq!(to("l1-33.many.test", "/catch"), pair_n(404, ""));
+}
+
 /// A GRPCRoute takes gRPC requests only: on a hostname an HTTPRoute of another namespace
 /// serves too, its service pattern `.*` (which spans slashes) does not take the HTTP requests.
 #[test]
