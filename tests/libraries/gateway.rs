@@ -996,7 +996,9 @@ fn listener_isolation_spans_the_gateways_of_the_class() {
         "team-a",
         "login",
         "2024-01-01T00:00:00Z",
-        "  parentRefs: [{name: team-a}]\n  hostnames: [login.a.test]\n  rules: [{backendRefs: [{name: a, port: 80}]}]\n",
+        // Attached to the shared Gateway too (listed first): the name is still the team's
+        // listener's, so the route answers through it.
+        "  parentRefs: [{name: shared, namespace: default}, {name: team-a}]\n  hostnames: [login.a.test]\n  rules: [{backendRefs: [{name: a, port: 80}]}]\n",
     ));
     // Many listener hostnames on the frontend (more than the 64 words of an HAProxy line, were
     // they written on each route line): the check stays one condition per line.
