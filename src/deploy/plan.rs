@@ -139,6 +139,9 @@ pub(crate) struct Planner {
     pub pods: BTreeMap<String, PodState>,
     pub current: Option<Arc<Published>>,
     last_reload_push: Option<Instant>,
+    /// A reload-class bundle arrived and no reload push has gone out since: a later bundle
+    /// that is runtime-only against it is still a reload for pods that run what came before.
+    reload_pending: bool,
     next_drift: Instant,
     /// The leader epoch the deployer saw last (`None`: a standby).
     seen_epoch: Option<u64>,
@@ -164,6 +167,7 @@ impl Planner {
             pods: BTreeMap::new(),
             current: None,
             last_reload_push: None,
+            reload_pending: false,
             next_drift: now,
             seen_epoch: None,
             seen_term: 0,
@@ -224,6 +228,7 @@ impl Planner {
 
     /// A newer validated bundle (only the latest matters).
     pub(super) fn set_bundle(&mut self, published: Arc<Published>) {
+        self.reload_pending |= published.reload;
         self.current = Some(published);
     }
 
@@ -365,7 +370,7 @@ impl Planner {
         if pods.is_empty() {
             return PushPlan::Nothing;
         }
-        if published.reload {
+        if published.reload || self.reload_pending {
             if let Some(last) = self.last_reload_push {
                 let until = last + min_interval;
                 if now < until {
@@ -373,6 +378,7 @@ impl Planner {
                 }
             }
             self.last_reload_push = Some(now);
+            self.reload_pending = false;
         }
         PushPlan::Push {
             published,
@@ -694,15 +700,8 @@ mod tests {
                 "t0",
             );
         }
-        // A second reload one second later waits until five seconds after the first.
-        let t1 = t0 + Duration::from_secs(1);
-        let b2 = bundle("two", true, t1);
-        p.set_bundle(b2.clone());
-        match p.pushes(Some(1), min, t1) {
-            PushPlan::RateLimited { until } => assert_eq!(until, t0 + min),
-            other => panic!("{other:?}"),
-        }
         // A runtime-only bundle is not held back by the reload limit.
+        let t1 = t0 + Duration::from_secs(1);
         let b3 = bundle("three", false, t1);
         p.set_bundle(b3.clone());
         assert_eq!(push_keys(&p.pushes(Some(1), min, t1)), ["ing/a", "ing/b"]);
@@ -717,8 +716,16 @@ mod tests {
                 "t1",
             );
         }
-        // The next reload goes out once the interval since the last *reload* push has passed.
-        let b4 = bundle("four", true, t1);
+        // A second reload one second later waits until five seconds after the first.
+        let b2 = bundle("two", true, t1);
+        p.set_bundle(b2.clone());
+        match p.pushes(Some(1), min, t1) {
+            PushPlan::RateLimited { until } => assert_eq!(until, t0 + min),
+            other => panic!("{other:?}"),
+        }
+        // A bundle runtime-only against the held one is a reload for the pods (they run what
+        // came before it): it waits too, and is not a way around the limit.
+        let b4 = bundle("four", false, t1);
         p.set_bundle(b4);
         assert!(matches!(
             p.pushes(Some(1), min, t1),
