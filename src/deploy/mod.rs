@@ -350,11 +350,15 @@ impl Deployer {
         let everywhere = plan.everywhere(hash);
         if everywhere && ok > 0 {
             let latency = published.first_change.elapsed();
-            self.metrics.observe(
-                &crate::metrics::CHANGE_TO_DEPLOYED_SECONDS,
-                [],
-                latency.as_secs_f64(),
-            );
+            // Once per bundle: a pod that joins, or is repaired, hours later is not a change
+            // that took hours to deploy.
+            if plan.newly_everywhere(hash) {
+                self.metrics.observe(
+                    &crate::metrics::CHANGE_TO_DEPLOYED_SECONDS,
+                    [],
+                    latency.as_secs_f64(),
+                );
+            }
             log::info!(
                 "bundle={} applied to {ok}/{} pods in {} ms (change to deployed {} ms)",
                 &hash[..12],

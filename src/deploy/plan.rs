@@ -139,6 +139,8 @@ pub(crate) struct Planner {
     pub pods: BTreeMap<String, PodState>,
     pub current: Option<Arc<Published>>,
     last_reload_push: Option<Instant>,
+    /// The last bundle seen on every admitted pod: its change-to-deployed latency counts once.
+    deployed: Option<String>,
     /// A reload-class bundle arrived and no reload push has gone out since: a later bundle
     /// that is runtime-only against it is still a reload for pods that run what came before.
     reload_pending: bool,
@@ -167,6 +169,7 @@ impl Planner {
             pods: BTreeMap::new(),
             current: None,
             last_reload_push: None,
+            deployed: None,
             reload_pending: false,
             next_drift: now,
             seen_epoch: None,
@@ -434,6 +437,16 @@ impl Planner {
                 Note::Failed(error)
             }
         }
+    }
+
+    /// Whether `hash` reached every admitted pod for the first time now (a pod that joins or
+    /// is repaired later does not make it count again).
+    pub(super) fn newly_everywhere(&mut self, hash: &str) -> bool {
+        if !self.everywhere(hash) || self.deployed.as_deref() == Some(hash) {
+            return false;
+        }
+        self.deployed = Some(hash.to_string());
+        true
     }
 
     /// Whether every admitted pod runs `hash`.
@@ -761,6 +774,24 @@ mod tests {
         let later = t0 + Duration::from_secs(1);
         let (probes, _) = p.probes(later, Duration::from_secs(60));
         assert_eq!(probes.len(), 1, "{probes:?}");
+    }
+
+    /// A bundle's change-to-deployed latency counts once: when it first reaches every pod.
+    #[test]
+    fn a_bundle_is_newly_everywhere_once() {
+        let t0 = Instant::now();
+        let mut p = admitted(t0);
+        let b1 = bundle("one", false, t0);
+        p.set_bundle(b1.clone());
+        push_keys(&p.pushes(Some(1), Duration::ZERO, t0));
+        let applied = || Outcome::Applied {
+            result: "runtime".into(),
+        };
+        p.pushed("ing/a", &hash(&b1), applied(), t0, "t0");
+        assert!(!p.newly_everywhere(&hash(&b1)), "one pod of two");
+        p.pushed("ing/b", &hash(&b1), applied(), t0, "t0");
+        assert!(p.newly_everywhere(&hash(&b1)));
+        assert!(!p.newly_everywhere(&hash(&b1)), "counted already");
     }
 
     #[test]
