@@ -46,6 +46,15 @@ fn slow_bundle(env: &Env, variant: u32, secs: u32) -> Bundle {
     )
 }
 
+/// Waits until HAProxy serves `bundle(env, 2)` (a slow one loads for seconds).
+fn wait_for_v2(env: &Env) {
+    wait_for(
+        "the new worker to serve v2",
+        Duration::from_secs(30),
+        || (http_get(&env.fe, "v2.example").ok()? == "v2").then_some(()),
+    );
+}
+
 /// Restarts the agent with `fault` set and sends it `bundle`: the agent exits at that point of
 /// the apply (status 86), as a crash would stop it.
 fn crash_applying(env: &mut Env, fault: &str, bundle: &Bundle) {
@@ -239,11 +248,7 @@ fn a_restart_while_haproxy_loads_the_interrupted_bundle_keeps_its_files() {
     env.start_agent(&[]);
     assert_eq!(env.disk("maps/host.map").unwrap(), "v2.example be_a\n");
     assert!(!env.cfg_dir.join(".haptic/journal.json").exists());
-    wait_for(
-        "the new worker to serve v2",
-        Duration::from_secs(30),
-        || (http_get(&env.fe, "v2.example").ok()? == "v2").then_some(()),
-    );
+    wait_for_v2(&env);
     let state = env.state();
     assert_eq!(state["mode"], "bootstrap", "{state:#}");
     assert_eq!(state["pending_reload"], v2.hash().as_str(), "{state:#}");
@@ -289,11 +294,7 @@ fn an_agent_killed_while_haproxy_loads_restarts_without_touching_the_files() {
     // put v1's files under the loading HAProxy.
     env.start_agent(&[]);
     assert_eq!(env.disk("maps/host.map").unwrap(), "v2.example be_a\n");
-    wait_for(
-        "the new worker to serve v2",
-        Duration::from_secs(30),
-        || (http_get(&env.fe, "v2.example").ok()? == "v2").then_some(()),
-    );
+    wait_for_v2(&env);
     let state = env.state();
     assert_eq!(state["mode"], "bootstrap", "{state:#}");
     let answer = wait_for("the agent to take v2", Duration::from_secs(30), || {

@@ -399,33 +399,28 @@ impl StatusWriter {
         if let Some(p) = &desired.published {
             let pods = lock(&self.shared.pods).clone();
             let admitted: Vec<_> = pods.iter().filter(|p| p.admitted).collect();
-            // Pods the controller will not deploy to until something changes.
-            let refused: Vec<String> = pods
-                .iter()
-                .filter_map(|pod| match &pod.not_admitted {
+            // Pods not admitted: refused (the controller will not deploy to them until something
+            // changes), or whose agent does not answer. The latter are behind too (they serve
+            // whatever they ran last), not left out of the count: "applied to 2/2 pods" with a
+            // third one stale hid it.
+            let (mut refused, mut unreachable) = (Vec::new(), Vec::new());
+            for pod in &pods {
+                match &pod.not_admitted {
                     Some(why @ NotAdmitted::VersionMismatch { .. }) => {
-                        Some(format!("{}: {why}", pod.name))
+                        refused.push(format!("{}: {why}", pod.name))
                     }
-                    _ => None,
-                })
-                .collect();
+                    Some(why @ NotAdmitted::AgentUnavailable { .. }) => {
+                        unreachable.push(format!("{}: {why}", pod.name))
+                    }
+                    None => {}
+                }
+            }
             let mut behind: Vec<String> = admitted
                 .iter()
                 .filter(|pod| pod.applied_bundle.as_deref() != Some(p.hash.as_str()))
                 .map(|pod| match &pod.last_error {
                     Some(e) => format!("{}: {e}", pod.name),
                     None => format!("{}: pending", pod.name),
-                })
-                .collect();
-            // A pod whose agent does not answer is behind too (it serves whatever it ran last),
-            // not left out of the count: "applied to 2/2 pods" with a third one stale hid it.
-            let unreachable: Vec<String> = pods
-                .iter()
-                .filter_map(|pod| match &pod.not_admitted {
-                    Some(why @ NotAdmitted::AgentUnavailable { .. }) => {
-                        Some(format!("{}: {why}", pod.name))
-                    }
-                    _ => None,
                 })
                 .collect();
             let targets = admitted.len() + unreachable.len();
