@@ -320,7 +320,7 @@ fn main() {
 }
 
 /// Where the time goes, from the leader's log: the reconciliation (render, and `haproxy -c` for
-/// reload-class bundles) and the parallel push to the pods, medians over the phase; and the
+/// reload-class bundles) and the push to the pods (first push to last answer), medians over the phase; and the
 /// controller's own change-to-deployed figure (first change seen → applied on every pod).
 fn breakdown(what: &str, log: &str) {
     let ms_after = |line: &str, key: &str| -> Option<f64> {

@@ -334,7 +334,7 @@ pub(crate) const DEPLOYMENT_ERRORS_TOTAL: Counter<0> = Counter {
 };
 pub(crate) const DEPLOYMENT_DURATION_SECONDS: Histogram<0> = Histogram {
     name: "haptic_deployment_duration_seconds",
-    help: "Time to push one bundle to the pods that needed it.",
+    help: "Time to push one bundle to the pods that needed it, from its first push until none is under way.",
     labels: [],
     buckets: DURATION_BUCKETS,
 };

@@ -814,6 +814,64 @@ fn restarted_agent_restarted_haproxy_and_new_pod_get_the_current_bundle() {
     drop(web1);
 }
 
+/// A pod whose agent hangs (SIGSTOP: the kernel still accepts its connections and nothing
+/// answers, as on a frozen node) holds back no other pod. With a five-minute
+/// `deploymentTimeout`, the other pod gets an endpoint change and a new Ingress while every
+/// call to the frozen agent hangs; `Deployed` names the frozen pod as behind; once it answers
+/// again it catches up with the latest bundle.
+#[test]
+fn a_hung_agent_holds_back_no_other_pod() {
+    require("haproxy");
+    let mut c = Cluster::start(&[]);
+    let mut config = c.config_object("");
+    config["spec"]["dataplane"]["deploymentTimeout"] = json!("5m");
+    c.apply_config(&config);
+    c.add_pod();
+    c.add_pod();
+    c.start_controller("ctrl-a");
+    let web1 = Backend::start("web-1");
+    c.create_service("web", &[&web1]);
+    assert!(apply(&c, &ingress("web", "web.example.com", "web", "")).0);
+    c.wait_route("web.example.com", "/", 200, "web-1", DEADLINE);
+
+    c.pods[0].pause_agent();
+    let web2 = Backend::start("web-2");
+    c.set_endpoints("web", &[&web2]);
+    wait_for(
+        "pod 1 routes to web-2 while pod 0's agent hangs",
+        DEADLINE,
+        || {
+            c.request(1, "web.example.com", "/")
+                .is_some_and(|(_, b)| b.contains("web-2"))
+        },
+    );
+    // A reload-class change too, while the push of the first one to pod 0 hangs.
+    assert!(apply(&c, &ingress("other", "other.example.com", "web", "")).0);
+    wait_for("pod 1 routes the new Ingress", DEADLINE, || {
+        c.request(1, "other.example.com", "/")
+            .is_some_and(|(s, b)| s == 200 && b.contains("web-2"))
+    });
+    // HAProxy on the frozen pod still serves what it had, and the condition says so.
+    assert!(c
+        .request(0, "web.example.com", "/")
+        .is_some_and(|(_, b)| b.contains("web-1")));
+    let frozen = c.pods[0].name.clone();
+    wait_for("Deployed=False naming the frozen pod", DEADLINE, || {
+        c.condition("Deployed").is_some_and(|(s, m)| {
+            s == "False" && m.contains(&frozen) && m.contains("applied to 1/2 pods")
+        })
+    });
+
+    c.pods[0].resume_agent();
+    wait_for("pod 0 caught up once its agent answers", DEADLINE, || {
+        c.request(0, "other.example.com", "/")
+            .is_some_and(|(s, b)| s == 200 && b.contains("web-2"))
+    });
+    wait_for("Deployed=True", DEADLINE, || {
+        c.condition("Deployed").is_some_and(|(s, _)| s == "True")
+    });
+}
+
 #[test]
 fn api_server_faults_do_not_lose_changes() {
     let (c, _web) = routed_cluster(false);

@@ -9,7 +9,7 @@ pub(crate) mod pods;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, Sender};
 use haptic_agent::protocol::{api, AgentState, ApplyResponse, Bundle, BundleHash, ErrorBody, Mode};
 use serde::Serialize;
 
@@ -84,6 +84,9 @@ pub(crate) struct PodStatus {
     pub last_error: Option<String>,
     pub consecutive_failures: u32,
     pub last_deployed_at: Option<String>,
+    /// How long the call under way to its agent (a state check or a push) has run, in whole
+    /// seconds: an agent that hangs shows here, while the other pods go on.
+    pub call_running_seconds: Option<u64>,
 }
 
 pub(crate) struct DeployerConfig {
@@ -114,9 +117,104 @@ fn now_rfc3339() -> String {
     haptic_agent::time::now_rfc3339()
 }
 
-impl Deployer {
-    /// `wire`: the bundle's JSON body, encoded once per round for all its pods (a copy per
-    /// pod pushed to at once would take the bundle's size times the pods).
+/// What the calls to the agents need: each runs on a thread of its own.
+#[derive(Clone)]
+struct Agents {
+    client: Arc<AgentClient>,
+    leadership: Arc<Leadership>,
+}
+
+/// A bundle's JSON body, or why it could not be encoded; shared by all its pushes.
+type Wire = Arc<Result<Vec<u8>, String>>;
+
+/// One call to an agent, as it goes to its thread.
+enum Job {
+    Probe {
+        target: PodTarget,
+        drift: bool,
+        /// `major.minor` the pod must run.
+        required: Option<String>,
+    },
+    Push {
+        target: PodTarget,
+        base: Option<String>,
+        published: Arc<Published>,
+        /// The bundle's JSON body, encoded once for all its pods (a copy per pod pushed to at
+        /// once would take the bundle's size times the pods).
+        wire: Wire,
+        epoch: u64,
+    },
+}
+
+/// An agent's answer to a [`Job`], back on the deployer's thread.
+enum Answer {
+    Probe {
+        drift: bool,
+        answer: Result<AgentView, NotAdmitted>,
+    },
+    Push {
+        published: Arc<Published>,
+        epoch: u64,
+        outcome: Outcome,
+    },
+}
+
+struct Done {
+    key: String,
+    ticket: u64,
+    answer: Answer,
+}
+
+impl Job {
+    /// The answer of a call that could not be made or ended in a panic.
+    fn failed(&self, detail: String) -> Answer {
+        match self {
+            Job::Probe { drift, .. } => Answer::Probe {
+                drift: *drift,
+                answer: Err(NotAdmitted::AgentUnavailable { detail }),
+            },
+            Job::Push {
+                published, epoch, ..
+            } => Answer::Push {
+                published: published.clone(),
+                epoch: *epoch,
+                outcome: Outcome::Failed(detail),
+            },
+        }
+    }
+
+    fn run(self, agents: &Agents) -> Answer {
+        match self {
+            Job::Probe {
+                target,
+                drift,
+                required,
+            } => Answer::Probe {
+                drift,
+                answer: agents.admit(&target, required.as_deref()),
+            },
+            Job::Push {
+                target,
+                base,
+                published,
+                wire,
+                epoch,
+            } => {
+                let outcome = match &*wire {
+                    Ok(wire) => agents.push(&target, base.as_deref(), &published, wire, epoch),
+                    Err(e) => Outcome::Failed(e.clone()),
+                };
+                Answer::Push {
+                    published,
+                    epoch,
+                    outcome,
+                }
+            }
+        }
+    }
+}
+
+impl Agents {
     fn push(
         &self,
         pod: &PodTarget,
@@ -232,39 +330,77 @@ impl Deployer {
         };
         Ok(AgentView { bundle, version })
     }
+}
 
+/// The deployer thread's own bookkeeping of the calls under way.
+#[derive(Default)]
+struct Calls {
+    running: usize,
+    /// Per bundle pushed: when its first push of this wave went out, and its pushes under way
+    /// (`haptic_deployment_duration_seconds` is observed when the last one answers).
+    waves: std::collections::BTreeMap<String, (Instant, usize)>,
+    /// The encoded body of the bundle whose pushes are under way.
+    wire: Option<(String, Wire)>,
+}
+
+impl Deployer {
     pub(crate) fn run(self) {
+        let agents = Agents {
+            client: self.client.clone(),
+            leadership: self.leadership.clone(),
+        };
+        let (done_tx, done_rx) = crossbeam_channel::unbounded::<Done>();
         let mut plan = Planner::new(Instant::now());
+        let mut calls = Calls::default();
         let mut wait = Duration::from_millis(100);
         loop {
-            let first = match self.inbox.recv_timeout(wait) {
-                Ok(msg) => Some(msg),
-                Err(RecvTimeoutError::Disconnected) => return,
-                Err(RecvTimeoutError::Timeout) => None,
-            };
-            // Take everything queued first: only the latest bundle matters.
-            for msg in first
-                .into_iter()
-                .chain(std::iter::from_fn(|| self.inbox.try_recv().ok()))
-            {
+            let mut msgs = Vec::new();
+            let mut answers = Vec::new();
+            crossbeam_channel::select! {
+                recv(self.inbox) -> msg => match msg {
+                    Ok(msg) => msgs.push(msg),
+                    Err(_) => return,
+                },
+                recv(done_rx) -> done => answers.extend(done.ok()),
+                default(wait) => {}
+            }
+            // Take everything queued: only the latest bundle matters.
+            msgs.extend(std::iter::from_fn(|| self.inbox.try_recv().ok()));
+            answers.extend(std::iter::from_fn(|| done_rx.try_recv().ok()));
+            // Answers first: they belong to calls handed out before these messages (a new
+            // term voids the answers still to come, not those already here).
+            for done in answers {
+                self.finish(done, &mut plan, &mut calls);
+            }
+            for msg in msgs {
                 let now = Instant::now();
                 match msg {
                     DeployMsg::Bundle(b) => plan.set_bundle(b),
                     DeployMsg::Pods(targets) => plan.set_pods(targets, now),
                     DeployMsg::Leadership => plan.new_term(now),
                     DeployMsg::Release(epoch) => plan.release(epoch),
+                    // Calls under way end on their own threads (within `deploymentTimeout`);
+                    // their answers are no longer wanted.
                     DeployMsg::Shutdown => return,
                 }
             }
-            wait = self.turn(&mut plan);
-            *crate::lock(&self.status) = plan.statuses();
+            wait = self.turn(&mut plan, &mut calls, &agents, &done_tx);
+            *crate::lock(&self.status) = plan.statuses(Instant::now());
         }
     }
 
-    /// One round: probe the pods the planner names, then push where it says. Every replica
-    /// probes (a standby is warm: it knows which pods are admitted and what they run when it
-    /// takes over); only the leader pushes. Returns how long to sleep.
-    fn turn(&self, plan: &mut Planner) -> Duration {
+    /// Hands out the calls due now: probes of the pods the planner names, then pushes where it
+    /// says, each on a thread of its own, at most `dataplane.maxParallel` under way. Every
+    /// replica probes (a standby is warm: it knows which pods are admitted and what they run
+    /// when it takes over); only the leader pushes. Returns how long to sleep at most (an
+    /// answer wakes the deployer sooner).
+    fn turn(
+        &self,
+        plan: &mut Planner,
+        calls: &mut Calls,
+        agents: &Agents,
+        done: &Sender<Done>,
+    ) -> Duration {
         let epoch = self.leadership.epoch();
         if plan.saw_epoch(epoch, self.leadership.term(), Instant::now()) {
             log::info!("leading (epoch {epoch:?}): probing every pod; pushes wait until the reconciler has taken the published server slots");
@@ -282,98 +418,101 @@ impl Deployer {
             log::info!("agents are now reached on port {port}");
             plan.new_term(Instant::now());
         }
+        let room = |calls: &Calls| match limit {
+            0 => usize::MAX,
+            n => n.saturating_sub(calls.running),
+        };
 
-        let (probes, drift_round) = plan.probes(Instant::now(), drift_interval);
-        let answers = parallel(
-            probes,
-            limit,
-            |target| self.admit(target, required.as_deref()),
-            || {
-                Err(NotAdmitted::AgentUnavailable {
-                    detail: "state check panicked".into(),
-                })
-            },
-        );
-        for (key, answer) in answers {
-            let note = plan.probed(&key, answer, epoch.is_some(), drift_round, Instant::now());
-            self.report(&key, note, epoch);
+        for (call, drift) in plan.probes(Instant::now(), drift_interval, room(calls)) {
+            let job = Job::Probe {
+                target: call.target,
+                drift,
+                required: required.clone(),
+            };
+            calls.start(call.key, call.ticket, job, agents, done);
         }
         self.metrics
             .set(&crate::metrics::ADMITTED_PODS, [], plan.admitted() as f64);
 
-        let (published, epoch, due) = match plan.pushes(epoch, min_interval, Instant::now()) {
-            // A held term ends with a message (which wakes the deployer) or, at its deadline,
-            // within an idle wake.
-            PushPlan::Nothing => return plan.next_wake(plan::IDLE, Instant::now()),
-            PushPlan::RateLimited { until } => {
-                return until
-                    .saturating_duration_since(Instant::now())
-                    .max(plan::MIN_WAKE)
+        if let PushPlan::Push {
+            published,
+            epoch,
+            pods,
+        } = plan.pushes(epoch, min_interval, Instant::now(), room(calls))
+        {
+            let hash = published.hash.as_str();
+            let wire = calls.wire_of(&published);
+            let now = Instant::now();
+            let wave = calls.waves.entry(hash.to_string()).or_insert((now, 0));
+            wave.1 += pods.len();
+            for (call, base) in pods {
+                let job = Job::Push {
+                    target: call.target,
+                    base,
+                    published: published.clone(),
+                    wire: wire.clone(),
+                    epoch,
+                };
+                calls.start(call.key, call.ticket, job, agents, done);
             }
-            PushPlan::Push {
+        }
+        plan.next_wake(plan::IDLE, Instant::now())
+    }
+
+    /// Records an agent's answer.
+    fn finish(&self, done: Done, plan: &mut Planner, calls: &mut Calls) {
+        calls.running = calls.running.saturating_sub(1);
+        let now = Instant::now();
+        match done.answer {
+            Answer::Probe { drift, answer } => {
+                let leader = self.leadership.epoch().is_some();
+                let note = plan.probed(&done.key, done.ticket, answer, leader, drift, now);
+                self.report(&done.key, note, None);
+            }
+            Answer::Push {
                 published,
                 epoch,
-                pods,
-            } => (published, epoch, pods),
-        };
-        let hash = published.hash.as_str();
-        let started = Instant::now();
-        let wire = serde_json::to_vec(&published.bundle.to_wire())
-            .map_err(|e| format!("encode bundle: {e}"));
-        let pushes: Vec<(String, (PodTarget, Option<String>))> = due
-            .into_iter()
-            .map(|(key, target, applied)| (key, (target, applied)))
-            .collect();
-        let outcomes = parallel(
-            pushes,
-            limit,
-            |(target, applied)| match &wire {
-                Ok(wire) => self.push(target, applied.as_deref(), &published, wire, epoch),
-                Err(e) => Outcome::Failed(e.clone()),
-            },
-            || Outcome::Failed("push panicked".into()),
-        );
-        let mut ok = 0;
-        for (key, outcome) in outcomes {
-            let note = plan.pushed(&key, hash, outcome, Instant::now(), &now_rfc3339());
-            if matches!(note, Note::Applied { .. }) {
-                ok += 1;
+                outcome,
+            } => {
+                let hash = published.hash.as_str();
+                let pushing_since = calls.waves.get(hash).map(|w| w.0);
+                if let Some(wave) = calls.waves.get_mut(hash) {
+                    wave.1 = wave.1.saturating_sub(1);
+                    if wave.1 == 0 {
+                        self.metrics.observe(
+                            &crate::metrics::DEPLOYMENT_DURATION_SECONDS,
+                            [],
+                            wave.0.elapsed().as_secs_f64(),
+                        );
+                        calls.waves.remove(hash);
+                        // The body is not kept between waves (it is the bundle's size again).
+                        if calls.wire.as_ref().is_some_and(|(h, _)| h == hash) {
+                            calls.wire = None;
+                        }
+                    }
+                }
+                let note = plan.pushed(&done.key, done.ticket, hash, outcome, now, &now_rfc3339());
+                let applied = matches!(note, Note::Applied { .. });
+                self.report(&done.key, note, Some(epoch));
+                // Once per bundle: a pod that joins, or is repaired, hours later is not a
+                // change that took hours to deploy.
+                if applied && plan.newly_everywhere(hash) {
+                    let latency = published.first_change.elapsed();
+                    self.metrics.observe(
+                        &crate::metrics::CHANGE_TO_DEPLOYED_SECONDS,
+                        [],
+                        latency.as_secs_f64(),
+                    );
+                    let admitted = plan.admitted();
+                    log::info!(
+                        "bundle={} applied to {admitted}/{admitted} pods in {} ms (change to deployed {} ms)",
+                        &hash[..12.min(hash.len())],
+                        pushing_since.map_or(0, |s| s.elapsed().as_millis()),
+                        latency.as_millis()
+                    );
+                }
             }
-            self.report(&key, note, Some(epoch));
         }
-        let elapsed = started.elapsed();
-        self.metrics.observe(
-            &crate::metrics::DEPLOYMENT_DURATION_SECONDS,
-            [],
-            elapsed.as_secs_f64(),
-        );
-        let everywhere = plan.everywhere(hash);
-        if everywhere && ok > 0 {
-            let latency = published.first_change.elapsed();
-            // Once per bundle: a pod that joins, or is repaired, hours later is not a change
-            // that took hours to deploy.
-            if plan.newly_everywhere(hash) {
-                self.metrics.observe(
-                    &crate::metrics::CHANGE_TO_DEPLOYED_SECONDS,
-                    [],
-                    latency.as_secs_f64(),
-                );
-            }
-            log::info!(
-                "bundle={} applied to {ok}/{} pods in {} ms (change to deployed {} ms)",
-                &hash[..12],
-                plan.pods.len(),
-                elapsed.as_millis(),
-                latency.as_millis()
-            );
-        }
-        // Not everywhere yet (a stale base, a pod that appeared): come back soon.
-        let max = if everywhere {
-            plan::IDLE
-        } else {
-            plan::MIN_WAKE
-        };
-        plan.next_wake(max, Instant::now())
     }
 
     /// Logs and counts what the planner noted.
@@ -413,122 +552,51 @@ impl Deployer {
     }
 }
 
-/// Runs `call` for every item, on at most `limit` scoped threads at once (0: one per item), and
-/// returns the answers by key in the items' order; a call that panics answers `on_panic()`.
-fn parallel<I: Sync, R: Send>(
-    items: Vec<(String, I)>,
-    limit: usize,
-    call: impl Fn(&I) -> R + Sync,
-    on_panic: impl Fn() -> R,
-) -> Vec<(String, R)> {
-    let workers = match limit {
-        0 => items.len(),
-        n => n.min(items.len()),
-    };
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let answers: Vec<Mutex<Option<R>>> = items.iter().map(|_| Mutex::new(None)).collect();
-    let (call, items_ref, answers_ref, next) = (&call, &items, &answers, &next);
-    std::thread::scope(|scope| {
-        for _ in 0..workers {
-            scope.spawn(move || loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some((_, item)) = items_ref.get(i) else {
-                    return;
-                };
-                // A panic is the one call's: the worker goes on with the next item.
+impl Calls {
+    /// Starts `job` on a thread of its own; its answer comes back on `done`.
+    fn start(&mut self, key: String, ticket: u64, job: Job, agents: &Agents, done: &Sender<Done>) {
+        self.running += 1;
+        // Built before the job moves to its thread, for a thread that cannot be started.
+        let refused = job.failed("the deployer could not start a thread for this call".into());
+        let (tx, agents, k) = (done.clone(), agents.clone(), key.clone());
+        let spawned = std::thread::Builder::new()
+            .name("deploy-call".into())
+            .spawn(move || {
+                let fallback = job.failed("the call panicked".into());
+                // A panic is the one call's: the pod answers a failure, the others go on.
                 let answer =
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call(item))).ok();
-                *crate::lock(&answers_ref[i]) = answer;
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job.run(&agents)))
+                        .unwrap_or(fallback);
+                // The deployer may have stopped meanwhile: nobody to tell.
+                let _ = tx.send(Done {
+                    key: k,
+                    ticket,
+                    answer,
+                });
+            });
+        if let Err(e) = spawned {
+            log::warn!("pod={key}: cannot start a call: {e}");
+            let _ = done.send(Done {
+                key,
+                ticket,
+                answer: refused,
             });
         }
-    });
-    items
-        .into_iter()
-        .zip(answers)
-        .map(|((key, _), answer)| {
-            let answer = answer.into_inner().unwrap_or_else(|e| e.into_inner());
-            (key, answer.unwrap_or_else(&on_panic))
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parallel;
-    use std::sync::{Condvar, Mutex};
-    use std::time::Duration;
-
-    /// Calls under way, the most seen at once, and a way to wait until `n` are under way.
-    #[derive(Default)]
-    struct Gauge {
-        state: Mutex<(usize, usize)>,
-        changed: Condvar,
     }
 
-    impl Gauge {
-        /// Enters, waits (up to 5 s) until `n` calls are under way, and leaves.
-        fn call(&self, n: usize) {
-            let mut s = crate::lock(&self.state);
-            s.0 += 1;
-            s.1 = s.1.max(s.0);
-            self.changed.notify_all();
-            let (mut s, _) = self
-                .changed
-                .wait_timeout_while(s, Duration::from_secs(5), |s| s.0 < n)
-                .unwrap();
-            // The others of this group may still be counting themselves in.
-            drop(s);
-            std::thread::sleep(Duration::from_millis(20));
-            s = crate::lock(&self.state);
-            s.0 -= 1;
+    /// The bundle's body, encoded once per bundle.
+    fn wire_of(&mut self, published: &Published) -> Wire {
+        let hash = published.hash.as_str();
+        match &self.wire {
+            Some((h, wire)) if h == hash => wire.clone(),
+            _ => {
+                let wire = Arc::new(
+                    serde_json::to_vec(&published.bundle.to_wire())
+                        .map_err(|e| format!("encode bundle: {e}")),
+                );
+                self.wire = Some((hash.to_string(), wire.clone()));
+                wire
+            }
         }
-    }
-
-    /// `dataplane.maxParallel`: never more calls at once than the limit, the limit reached when
-    /// there are enough pods, and every pod's answer returned in order; 0 calls all at once.
-    #[test]
-    fn at_most_max_parallel_agents_are_called_at_once() {
-        // Six pods: whole groups of two and three, so that no call waits for peers that never come.
-        let items: Vec<(String, usize)> = (0..6).map(|i| (format!("pod-{i}"), i)).collect();
-        for (limit, expect) in [(2, 2), (3, 3), (0, 6), (10, 6)] {
-            let gauge = Gauge::default();
-            let answers = parallel(
-                items.clone(),
-                limit,
-                |i| {
-                    gauge.call(expect);
-                    i * 10
-                },
-                || usize::MAX,
-            );
-            let keys: Vec<_> = answers.iter().map(|(k, _)| k.as_str()).collect();
-            assert_eq!(
-                keys,
-                items.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>()
-            );
-            assert_eq!(
-                answers.iter().map(|(_, a)| *a).collect::<Vec<_>>(),
-                (0..6).map(|i| i * 10).collect::<Vec<_>>()
-            );
-            assert_eq!(crate::lock(&gauge.state).1, expect, "limit {limit}");
-        }
-    }
-
-    /// A call that panics answers for its own pod; the others are still called (test builds:
-    /// release builds abort on a panic).
-    #[test]
-    fn a_panicking_call_answers_for_its_pod_only() {
-        let items: Vec<(String, usize)> = (0..4).map(|i| (format!("pod-{i}"), i)).collect();
-        let answers = parallel(
-            items,
-            1,
-            |&i| {
-                assert_ne!(i, 1, "pod-1's call fails");
-                i
-            },
-            || 99,
-        );
-        let answers: Vec<usize> = answers.into_iter().map(|(_, a)| a).collect();
-        assert_eq!(answers, [0, 99, 2, 3]);
     }
 }

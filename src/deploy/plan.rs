@@ -3,6 +3,11 @@
 //! when; then what each answer means for the pod (admission, drift, fencing, backoff, rate
 //! limits). [`super::Deployer`] performs the calls and reports the answers back; every rule
 //! lives here, where the unit tests below drive it with a fake clock.
+//!
+//! Every pod goes at its own pace: a call to one pod's agent is handed out with a ticket and
+//! the pod is busy until that ticket is answered, while the other pods are probed and pushed
+//! to as they come free. A pod whose agent hangs until `deploymentTimeout` holds back no one
+//! else's updates.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -73,20 +78,37 @@ pub(crate) enum Note {
     Busy(String),
 }
 
-/// The next push round, when one is due.
+/// One call to a pod's agent, handed out by the planner: its answer is recorded with the
+/// same `ticket` ([`Planner::probed`], [`Planner::pushed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Call {
+    pub key: String,
+    pub target: PodTarget,
+    pub ticket: u64,
+}
+
+/// The pushes due now, when any.
 #[derive(Debug)]
 pub(crate) enum PushPlan {
-    /// Nothing to push (no bundle, not the leader, or every pod has it or waits for a retry).
+    /// Nothing to push (no bundle, not the leader, or every pod has it, is busy, or waits for
+    /// a retry or the reload rate limit).
     Nothing,
-    /// A reload-class bundle is due but the last reload push was less than the minimum
-    /// deployment interval ago.
-    RateLimited { until: Instant },
     /// Push the bundle to these pods, each with the bundle it is believed to run (`If-Match`).
     Push {
         published: Arc<Published>,
         epoch: u64,
-        pods: Vec<(String, PodTarget, Option<String>)>,
+        pods: Vec<(Call, Option<String>)>,
     },
+}
+
+/// A call under way to a pod's agent.
+#[derive(Debug, Clone, Copy)]
+struct InFlight {
+    ticket: u64,
+    since: Instant,
+    /// Its answer no longer counts (a new term began, or the container restarted, while it
+    /// ran): the pod stays busy until it comes, and is then asked again.
+    void: bool,
 }
 
 #[derive(Debug)]
@@ -100,6 +122,15 @@ pub(crate) struct PodState {
     pub next_attempt: Instant,
     /// [`PodTarget::incarnation`] as last seen.
     incarnation: String,
+    /// The call under way to this pod's agent: no other is made until it is answered.
+    in_flight: Option<InFlight>,
+    /// The periodic drift check is due for this pod (it is probed when free).
+    drift_due: bool,
+    /// A reload-class bundle came after the last one this pod applied: its next push reloads,
+    /// whatever the bundle pushed is against its predecessor.
+    owes_reload: bool,
+    /// When the last reload-class push to this pod went out (`minDeploymentInterval`).
+    last_reload_push: Option<Instant>,
 }
 
 impl PodState {
@@ -116,6 +147,34 @@ impl PodState {
             backoff: Backoff::default(),
             next_attempt: now,
             incarnation: target.incarnation.clone(),
+            in_flight: None,
+            drift_due: false,
+            owes_reload: false,
+            last_reload_push: None,
+        }
+    }
+
+    /// Whether a call to this pod's agent is under way.
+    pub(super) fn busy(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
+    /// Ends the call of `ticket`; whether its answer counts.
+    fn answered(&mut self, ticket: u64) -> bool {
+        match self.in_flight {
+            Some(f) if f.ticket == ticket => {
+                self.in_flight = None;
+                !f.void
+            }
+            // A call to the pod this one replaced (another IP under the same name).
+            _ => false,
+        }
+    }
+
+    /// What a call under way will tell is no longer to be trusted.
+    fn void_call(&mut self) {
+        if let Some(f) = &mut self.in_flight {
+            f.void = true;
         }
     }
 
@@ -138,12 +197,12 @@ impl PodState {
 pub(crate) struct Planner {
     pub pods: BTreeMap<String, PodState>,
     pub current: Option<Arc<Published>>,
-    last_reload_push: Option<Instant>,
+    /// The last ticket handed out.
+    tickets: u64,
+    /// The earliest time a pod held back by the reload rate limit may be pushed to.
+    rate_limited_until: Option<Instant>,
     /// The last bundle seen on every admitted pod: its change-to-deployed latency counts once.
     deployed: Option<String>,
-    /// A reload-class bundle arrived and no reload push has gone out since: a later bundle
-    /// that is runtime-only against it is still a reload for pods that run what came before.
-    reload_pending: bool,
     next_drift: Instant,
     /// The leader epoch the deployer saw last (`None`: a standby).
     seen_epoch: Option<u64>,
@@ -168,9 +227,9 @@ impl Planner {
         Planner {
             pods: BTreeMap::new(),
             current: None,
-            last_reload_push: None,
+            tickets: 0,
+            rate_limited_until: None,
             deployed: None,
-            reload_pending: false,
             next_drift: now,
             seen_epoch: None,
             seen_term: 0,
@@ -231,8 +290,29 @@ impl Planner {
 
     /// A newer validated bundle (only the latest matters).
     pub(super) fn set_bundle(&mut self, published: Arc<Published>) {
-        self.reload_pending |= published.reload;
+        if published.reload {
+            for pod in self.pods.values_mut() {
+                pod.owes_reload = true;
+            }
+        }
         self.current = Some(published);
+    }
+
+    /// Marks the pod busy with a new call.
+    fn hand_out(&mut self, key: &str, now: Instant) -> Option<Call> {
+        self.tickets += 1;
+        let ticket = self.tickets;
+        let pod = self.pods.get_mut(key)?;
+        pod.in_flight = Some(InFlight {
+            ticket,
+            since: now,
+            void: false,
+        });
+        Some(Call {
+            key: key.to_string(),
+            target: pod.target(),
+            ticket,
+        })
     }
 
     /// The pods that may receive configuration now; others are forgotten, and a pod whose IP
@@ -249,10 +329,11 @@ impl Planner {
                 *entry = PodState::new(&target, now);
             } else if entry.incarnation != target.incarnation {
                 // A container restarted (or the pod was recreated under its name and IP):
-                // what it runs is asked again now.
+                // what it runs is asked again now (once a call under way has ended).
                 entry.incarnation = target.incarnation.clone();
                 entry.known = false;
                 entry.next_attempt = now;
+                entry.void_call();
             }
         }
     }
@@ -262,46 +343,61 @@ impl Planner {
         for pod in self.pods.values_mut() {
             pod.known = false;
             pod.next_attempt = now;
+            pod.void_call();
         }
     }
 
-    /// The pods to probe now: those not known in this term, and all of them when the drift
-    /// check is due, except those waiting for a retry. Returns whether this is a drift round
-    /// (its timer restarts).
+    /// The pods to probe now, at most `room` of them: those not known in this term, and each
+    /// pod once per drift interval, except those busy or waiting for a retry. Each comes with
+    /// whether it is its drift check.
     pub(super) fn probes(
         &mut self,
         now: Instant,
         drift_interval: Duration,
-    ) -> (Vec<(String, PodTarget)>, bool) {
-        let drift_due = now >= self.next_drift;
-        if drift_due {
+        room: usize,
+    ) -> Vec<(Call, bool)> {
+        if now >= self.next_drift {
             self.next_drift = now + drift_interval;
+            for pod in self.pods.values_mut() {
+                pod.drift_due = true;
+            }
         }
-        let list = self
+        let due: Vec<String> = self
             .pods
             .iter()
-            .filter(|(_, p)| (!p.known || drift_due) && p.next_attempt <= now)
-            .map(|(k, p)| (k.clone(), p.target()))
+            .filter(|(_, p)| !p.busy() && (!p.known || p.drift_due) && p.next_attempt <= now)
+            .map(|(k, _)| k.clone())
+            .take(room)
             .collect();
-        (list, drift_due)
+        due.into_iter()
+            .filter_map(|key| {
+                let pod = self.pods.get_mut(&key)?;
+                let drift = std::mem::take(&mut pod.drift_due);
+                Some((self.hand_out(&key, now)?, drift))
+            })
+            .collect()
     }
 
-    /// Records a probe's answer. `leader`: whether this replica pushes (only then is drift
-    /// reported); `drift_round`: the round was a periodic check.
+    /// Records the answer to the probe of `ticket`. `leader`: whether this replica pushes
+    /// (only then is drift reported); `drift_check`: the probe was the pod's periodic check.
     pub(super) fn probed(
         &mut self,
         key: &str,
+        ticket: u64,
         answer: Result<AgentView, NotAdmitted>,
         leader: bool,
-        drift_round: bool,
+        drift_check: bool,
         now: Instant,
     ) -> Note {
         let Some(pod) = self.pods.get_mut(key) else {
             return Note::Quiet;
         };
+        if !pod.answered(ticket) {
+            return Note::Quiet;
+        }
         match answer {
             Ok(AgentView { bundle, version }) => {
-                let note = if leader && pod.known && drift_round && bundle != pod.applied {
+                let note = if leader && pod.known && drift_check && bundle != pod.applied {
                     Note::Drift {
                         expected: pod.applied.clone(),
                         runs: bundle.clone(),
@@ -343,15 +439,17 @@ impl Planner {
         self.pods.values().filter(|p| p.status.admitted).count()
     }
 
-    /// The next push round. `epoch`: the leader's epoch, `None` on a standby (which never
-    /// pushes). A reload-class bundle waits for `min_interval` since the last reload push; the
-    /// wait starts only when a push happens.
+    /// The pushes due now, at most `room` of them. `epoch`: the leader's epoch, `None` on a
+    /// standby (which never pushes). A push that reloads the pod waits for `min_interval`
+    /// since that pod's last reload push.
     pub(super) fn pushes(
         &mut self,
         epoch: Option<u64>,
         min_interval: Duration,
         now: Instant,
+        room: usize,
     ) -> PushPlan {
+        self.rate_limited_until = None;
         let (Some(published), Some(epoch)) = (self.current.clone(), epoch) else {
             return PushPlan::Nothing;
         };
@@ -359,29 +457,43 @@ impl Planner {
             return PushPlan::Nothing;
         }
         let hash = published.hash.as_str();
-        let pods: Vec<(String, PodTarget, Option<String>)> = self
-            .pods
-            .iter()
-            .filter(|(_, p)| {
-                p.status.admitted
-                    && p.known
-                    && p.applied.as_deref() != Some(hash)
-                    && p.next_attempt <= now
-            })
-            .map(|(k, p)| (k.clone(), p.target(), p.applied.clone()))
-            .collect();
-        if pods.is_empty() {
-            return PushPlan::Nothing;
-        }
-        if published.reload || self.reload_pending {
-            if let Some(last) = self.last_reload_push {
+        let mut due = Vec::new();
+        for (key, p) in &self.pods {
+            if p.busy()
+                || !p.status.admitted
+                || !p.known
+                || p.applied.as_deref() == Some(hash)
+                || p.next_attempt > now
+            {
+                continue;
+            }
+            let reloads = published.reload || p.owes_reload;
+            if let (true, Some(last)) = (reloads, p.last_reload_push) {
                 let until = last + min_interval;
                 if now < until {
-                    return PushPlan::RateLimited { until };
+                    self.rate_limited_until =
+                        Some(self.rate_limited_until.map_or(until, |u| u.min(until)));
+                    continue;
                 }
             }
-            self.last_reload_push = Some(now);
-            self.reload_pending = false;
+            if due.len() == room {
+                break;
+            }
+            due.push((key.clone(), reloads));
+        }
+        if due.is_empty() {
+            return PushPlan::Nothing;
+        }
+        let mut pods = Vec::with_capacity(due.len());
+        for (key, reloads) in due {
+            let Some(pod) = self.pods.get_mut(&key) else {
+                continue;
+            };
+            if reloads {
+                pod.last_reload_push = Some(now);
+            }
+            let base = pod.applied.clone();
+            pods.extend(self.hand_out(&key, now).map(|call| (call, base)));
         }
         PushPlan::Push {
             published,
@@ -390,20 +502,29 @@ impl Planner {
         }
     }
 
-    /// Records a push's outcome for `hash` (the bundle that was pushed).
+    /// Records the outcome of the push of `ticket`, for `hash` (the bundle that was pushed).
     pub(super) fn pushed(
         &mut self,
         key: &str,
+        ticket: u64,
         hash: &str,
         outcome: Outcome,
         now: Instant,
         at: &str,
     ) -> Note {
+        let current = self.current.as_ref().map(|c| c.hash.as_str());
         let Some(pod) = self.pods.get_mut(key) else {
             return Note::Quiet;
         };
+        if !pod.answered(ticket) {
+            return Note::Quiet;
+        }
         match outcome {
             Outcome::Applied { result } => {
+                // It runs the latest bundle: no reload is owed any more.
+                if current == Some(hash) {
+                    pod.owes_reload = false;
+                }
                 pod.applied = Some(hash.to_string());
                 pod.status.applied_bundle = Some(hash.to_string());
                 pod.status.last_result = Some(result.clone());
@@ -457,12 +578,16 @@ impl Planner {
             .all(|p| p.applied.as_deref() == Some(hash))
     }
 
-    /// How long to sleep: until the earliest retry, at most `max` (a `max` below [`MIN_WAKE`]
-    /// counts as `MIN_WAKE`).
+    /// How long to sleep: until the earliest retry or the end of a reload rate limit, at most
+    /// `max` (a `max` below [`MIN_WAKE`] counts as `MIN_WAKE`). Busy pods wake the deployer
+    /// with their answer.
     pub(super) fn next_wake(&self, max: Duration, now: Instant) -> Duration {
         self.pods
             .values()
-            .map(|p| p.next_attempt.saturating_duration_since(now))
+            .filter(|p| !p.busy())
+            .map(|p| p.next_attempt)
+            .chain(self.rate_limited_until)
+            .map(|at| at.saturating_duration_since(now))
             .filter(|d| !d.is_zero())
             .min()
             .unwrap_or(max)
@@ -470,12 +595,15 @@ impl Planner {
     }
 
     /// The pods' statuses for `/debug/pods` and the status writer.
-    pub(super) fn statuses(&self) -> Vec<PodStatus> {
+    pub(super) fn statuses(&self, now: Instant) -> Vec<PodStatus> {
         self.pods
             .values()
             .map(|p| {
                 let mut s = p.status.clone();
                 s.applied_bundle = p.applied.clone();
+                s.call_running_seconds = p
+                    .in_flight
+                    .map(|f| now.saturating_duration_since(f.since).as_secs());
                 s
             })
             .collect()
@@ -486,6 +614,10 @@ impl Planner {
 mod tests {
     use super::*;
     use haptic_agent::protocol::Bundle;
+
+    /// No limit on the calls under way.
+    const ALL: usize = usize::MAX;
+    const MINUTE: Duration = Duration::from_secs(60);
 
     fn target(name: &str, ip: &str) -> PodTarget {
         PodTarget {
@@ -514,30 +646,73 @@ mod tests {
         })
     }
 
-    /// A planner with pods a and b probed (bootstrap) and admitted, at `t0`.
-    fn admitted(t0: Instant) -> Planner {
-        let mut p = Planner::new(t0);
-        p.set_pods(vec![target("a", "10.0.0.1"), target("b", "10.0.0.2")], t0);
-        let (probes, drift) = p.probes(t0, Duration::from_secs(60));
-        assert_eq!(probes.len(), 2);
-        for (key, _) in probes {
-            assert!(matches!(
-                p.probed(&key, view(None), true, drift, t0),
-                Note::Admitted { .. }
-            ));
-        }
-        p
-    }
-
-    fn push_keys(plan: &PushPlan) -> Vec<String> {
-        match plan {
-            PushPlan::Push { pods, .. } => pods.iter().map(|(k, _, _)| k.clone()).collect(),
-            other => panic!("expected a push, got {other:?}"),
+    fn applied(result: &str) -> Outcome {
+        Outcome::Applied {
+            result: result.into(),
         }
     }
 
     fn hash(p: &Arc<Published>) -> String {
         p.hash.as_str().to_string()
+    }
+
+    impl Planner {
+        /// Probes every pod due (no limit), and answers each with `answer` as the leader.
+        fn probe_all(
+            &mut self,
+            now: Instant,
+            answer: impl Fn(&str) -> Result<AgentView, NotAdmitted>,
+        ) -> Vec<(String, Note)> {
+            self.probes(now, MINUTE, ALL)
+                .into_iter()
+                .map(|(call, drift)| {
+                    let note =
+                        self.probed(&call.key, call.ticket, answer(&call.key), true, drift, now);
+                    (call.key, note)
+                })
+                .collect()
+        }
+
+        /// The pushes due now (no limit), as key → (ticket, base).
+        fn due(
+            &mut self,
+            epoch: Option<u64>,
+            min: Duration,
+            now: Instant,
+        ) -> BTreeMap<String, (u64, Option<String>)> {
+            match self.pushes(epoch, min, now, ALL) {
+                PushPlan::Push { pods, .. } => pods
+                    .into_iter()
+                    .map(|(call, base)| (call.key, (call.ticket, base)))
+                    .collect(),
+                PushPlan::Nothing => BTreeMap::new(),
+            }
+        }
+
+        /// Pushes `b` to every pod due and answers each with `outcome`.
+        fn push_all(&mut self, b: &Arc<Published>, now: Instant, outcome: Outcome) -> Vec<String> {
+            let due = self.due(Some(1), Duration::ZERO, now);
+            for (key, (ticket, _)) in &due {
+                self.pushed(key, *ticket, &hash(b), outcome.clone(), now, "now");
+            }
+            due.into_keys().collect()
+        }
+    }
+
+    /// A planner with pods a and b probed (bootstrap) and admitted, at `t0`.
+    fn admitted(t0: Instant) -> Planner {
+        let mut p = Planner::new(t0);
+        p.set_pods(vec![target("a", "10.0.0.1"), target("b", "10.0.0.2")], t0);
+        let notes = p.probe_all(t0, |_| view(None));
+        assert_eq!(notes.len(), 2);
+        assert!(notes
+            .iter()
+            .all(|(_, n)| matches!(n, Note::Admitted { .. })));
+        p
+    }
+
+    fn keys(due: &BTreeMap<String, (u64, Option<String>)>) -> Vec<&str> {
+        due.keys().map(String::as_str).collect()
     }
 
     #[test]
@@ -551,42 +726,32 @@ mod tests {
             !p.saw_epoch(Some(3), 1, t0),
             "the same epoch begins no term"
         );
-        for (key, _) in p.probes(t0, Duration::from_secs(60)).0 {
-            p.probed(&key, view(None), true, false, t0);
-        }
-        assert!(matches!(
-            p.pushes(Some(3), Duration::ZERO, t0),
-            PushPlan::Nothing
-        ));
+        assert_eq!(p.probe_all(t0, |_| view(None)).len(), 2);
+        assert!(p.due(Some(3), Duration::ZERO, t0).is_empty());
         // A release of another epoch changes nothing; the right one lets the pushes go.
         p.release(2);
-        assert!(matches!(
-            p.pushes(Some(3), Duration::ZERO, t0),
-            PushPlan::Nothing
-        ));
+        assert!(p.due(Some(3), Duration::ZERO, t0).is_empty());
         p.release(3);
-        assert_eq!(
-            push_keys(&p.pushes(Some(3), Duration::ZERO, t0)),
-            ["ing/a", "ing/b"]
-        );
-        // A later term is held again; without a release it goes at the deadline.
+        let due = p.due(Some(3), Duration::ZERO, t0);
+        assert_eq!(keys(&due), ["ing/a", "ing/b"]);
+        // A later term is held again (the pushes under way no longer count); without a
+        // release it goes at the deadline.
         assert!(!p.saw_epoch(None, 1, t0), "losing the lead holds nothing");
         assert!(p.saw_epoch(Some(5), 2, t0));
-        for (key, _) in p.probes(t0, Duration::from_secs(60)).0 {
-            p.probed(&key, view(None), true, false, t0);
+        for (key, (ticket, _)) in due {
+            assert_eq!(
+                p.pushed(&key, ticket, "h", applied("runtime"), t0, "t0"),
+                Note::Quiet,
+                "a push of the last term answers into this one"
+            );
         }
+        assert_eq!(p.probe_all(t0, |_| view(None)).len(), 2);
         let almost = t0 + TAKEOVER_HOLD - Duration::from_millis(1);
-        assert!(matches!(
-            p.pushes(Some(5), Duration::ZERO, almost),
-            PushPlan::Nothing
-        ));
+        assert!(p.due(Some(5), Duration::ZERO, almost).is_empty());
         assert!(p.held_until(5, almost).is_some());
         let after = t0 + TAKEOVER_HOLD;
         assert!(p.held_until(5, after).is_none());
-        assert_eq!(
-            push_keys(&p.pushes(Some(5), Duration::ZERO, after)).len(),
-            2
-        );
+        assert_eq!(p.due(Some(5), Duration::ZERO, after).len(), 2);
         // A release that comes before the deployer saw the epoch counts all the same.
         p.release(6);
         assert!(p.saw_epoch(Some(6), 3, after));
@@ -596,12 +761,13 @@ mod tests {
         assert!(p.held_until(6, after).is_none());
         // The same term renumbered (the Lease started over below the agents' epoch): no new
         // term, nothing held, what the pods run is still known.
-        for (key, _) in p.probes(after, Duration::from_secs(60)).0 {
-            p.probed(&key, view(None), true, false, after);
+        for pod in p.pods.values_mut() {
+            pod.in_flight = None;
         }
+        assert_eq!(p.probe_all(after, |_| view(None)).len(), 2);
         assert!(!p.saw_epoch(Some(9), 3, after));
         assert!(p.held_until(9, after).is_none());
-        assert!(p.probes(after, Duration::from_secs(60)).0.is_empty());
+        assert!(p.probes(after, MINUTE, ALL).is_empty());
     }
 
     /// A container that restarts (HAProxy back on its bootstrap configuration) changes the
@@ -612,23 +778,31 @@ mod tests {
         let t0 = Instant::now();
         let mut p = Planner::new(t0);
         p.set_pods(vec![target("a", "10.0.0.1")], t0);
-        for (key, _) in p.probes(t0, Duration::from_secs(60)).0 {
-            p.probed(&key, view(Some("b1")), true, false, t0);
-        }
+        p.probe_all(t0, |_| view(Some("b1")));
         let later = t0 + Duration::from_secs(5);
-        assert!(p.probes(later, Duration::from_secs(60)).0.is_empty());
+        assert!(p.probes(later, MINUTE, ALL).is_empty());
         p.set_pods(vec![target("a", "10.0.0.1")], later);
-        assert!(
-            p.probes(later, Duration::from_secs(60)).0.is_empty(),
-            "nothing changed"
-        );
+        assert!(p.probes(later, MINUTE, ALL).is_empty(), "nothing changed");
         let mut restarted = target("a", "10.0.0.1");
         restarted.incarnation = "uid haproxy=1,haptic-agent=0".into();
         p.set_pods(vec![restarted.clone()], later);
-        assert_eq!(
-            p.probes(later, Duration::from_secs(60)).0,
-            vec![("ing/a".to_string(), restarted)]
+        let probes = p.probes(later, MINUTE, ALL);
+        assert_eq!(probes.len(), 1);
+        assert_eq!(probes[0].0.target, restarted);
+        // A restart while a call is under way: its answer (from before the restart) does not
+        // count, and the pod is asked again once it is free.
+        let ticket = probes[0].0.ticket;
+        let mut again = restarted.clone();
+        again.incarnation = "uid haproxy=2,haptic-agent=0".into();
+        p.set_pods(vec![again], later);
+        assert!(
+            p.probes(later, MINUTE, ALL).is_empty(),
+            "busy until answered"
         );
+        let stale = p.probed("ing/a", ticket, view(Some("b1")), true, false, later);
+        assert_eq!(stale, Note::Quiet);
+        assert!(!p.pods["ing/a"].known);
+        assert_eq!(p.probes(later, MINUTE, ALL).len(), 1);
     }
 
     #[test]
@@ -639,32 +813,31 @@ mod tests {
         let b1 = bundle("one", true, t0);
         p.set_bundle(b1.clone());
         // Unknown pods are never pushed to before a probe.
-        assert!(matches!(
-            p.pushes(Some(1), Duration::ZERO, t0),
-            PushPlan::Nothing
-        ));
-        let (probes, _) = p.probes(t0, Duration::from_secs(60));
-        assert_eq!(probes, vec![("ing/a".to_string(), target("a", "10.0.0.1"))]);
-        p.probed("ing/a", view(Some("old")), true, false, t0);
-        match p.pushes(Some(7), Duration::ZERO, t0) {
+        assert!(p.due(Some(1), Duration::ZERO, t0).is_empty());
+        let probes = p.probes(t0, MINUTE, ALL);
+        assert_eq!(probes.len(), 1);
+        assert_eq!(probes[0].0.target, target("a", "10.0.0.1"));
+        // Busy while the probe is under way: no second call.
+        assert!(p.probes(t0, MINUTE, ALL).is_empty());
+        p.probed(
+            "ing/a",
+            probes[0].0.ticket,
+            view(Some("old")),
+            true,
+            false,
+            t0,
+        );
+        let (ticket, base) = match p.pushes(Some(7), Duration::ZERO, t0, ALL) {
             PushPlan::Push { epoch, pods, .. } => {
                 assert_eq!(epoch, 7);
-                assert_eq!(
-                    pods,
-                    vec![("ing/a".into(), target("a", "10.0.0.1"), Some("old".into()))]
-                );
+                assert_eq!(pods.len(), 1);
+                assert_eq!(pods[0].0.key, "ing/a");
+                (pods[0].0.ticket, pods[0].1.clone())
             }
             other => panic!("{other:?}"),
-        }
-        let note = p.pushed(
-            "ing/a",
-            &hash(&b1),
-            Outcome::Applied {
-                result: "reload".into(),
-            },
-            t0,
-            "now",
-        );
+        };
+        assert_eq!(base.as_deref(), Some("old"));
+        let note = p.pushed("ing/a", ticket, &hash(&b1), applied("reload"), t0, "now");
         assert_eq!(
             note,
             Note::Applied {
@@ -672,12 +845,9 @@ mod tests {
             }
         );
         assert!(p.everywhere(&hash(&b1)));
-        assert!(matches!(
-            p.pushes(Some(7), Duration::ZERO, t0),
-            PushPlan::Nothing
-        ));
+        assert!(p.due(Some(7), Duration::ZERO, t0).is_empty());
         assert_eq!(
-            p.statuses()[0].applied_bundle.as_deref(),
+            p.statuses(t0)[0].applied_bundle.as_deref(),
             Some(hash(&b1).as_str())
         );
     }
@@ -687,10 +857,7 @@ mod tests {
         let t0 = Instant::now();
         let mut p = admitted(t0);
         p.set_bundle(bundle("one", false, t0));
-        assert!(matches!(
-            p.pushes(None, Duration::ZERO, t0),
-            PushPlan::Nothing
-        ));
+        assert!(p.due(None, Duration::ZERO, t0).is_empty());
         assert_eq!(p.admitted(), 2);
     }
 
@@ -701,53 +868,162 @@ mod tests {
         let mut p = admitted(t0);
         let b1 = bundle("one", true, t0);
         p.set_bundle(b1.clone());
-        assert_eq!(push_keys(&p.pushes(Some(1), min, t0)), ["ing/a", "ing/b"]);
-        for k in ["ing/a", "ing/b"] {
-            p.pushed(
-                k,
-                &hash(&b1),
-                Outcome::Applied {
-                    result: "reload".into(),
-                },
-                t0,
-                "t0",
-            );
-        }
+        assert_eq!(p.push_all(&b1, t0, applied("reload")), ["ing/a", "ing/b"]);
         // A runtime-only bundle is not held back by the reload limit.
         let t1 = t0 + Duration::from_secs(1);
         let b3 = bundle("three", false, t1);
         p.set_bundle(b3.clone());
-        assert_eq!(push_keys(&p.pushes(Some(1), min, t1)), ["ing/a", "ing/b"]);
-        for k in ["ing/a", "ing/b"] {
-            p.pushed(
-                k,
-                &hash(&b3),
-                Outcome::Applied {
-                    result: "runtime".into(),
-                },
-                t1,
-                "t1",
-            );
-        }
-        // A second reload one second later waits until five seconds after the first.
+        assert_eq!(p.push_all(&b3, t1, applied("runtime")), ["ing/a", "ing/b"]);
+        // A second reload one second later waits until five seconds after the first, and
+        // the deployer sleeps until then.
         let b2 = bundle("two", true, t1);
         p.set_bundle(b2.clone());
-        match p.pushes(Some(1), min, t1) {
-            PushPlan::RateLimited { until } => assert_eq!(until, t0 + min),
-            other => panic!("{other:?}"),
-        }
+        assert!(p.due(Some(1), min, t1).is_empty());
+        assert_eq!(p.next_wake(IDLE * 100, t1), (t0 + min) - t1);
         // A bundle runtime-only against the held one is a reload for the pods (they run what
         // came before it): it waits too, and is not a way around the limit.
         let b4 = bundle("four", false, t1);
-        p.set_bundle(b4);
-        assert!(matches!(
-            p.pushes(Some(1), min, t1),
-            PushPlan::RateLimited { .. }
-        ));
-        assert_eq!(
-            push_keys(&p.pushes(Some(1), min, t0 + min)),
-            ["ing/a", "ing/b"]
+        p.set_bundle(b4.clone());
+        assert!(p.due(Some(1), min, t1).is_empty());
+        let due = p.due(Some(1), min, t0 + min);
+        assert_eq!(keys(&due), ["ing/a", "ing/b"]);
+        for (key, (ticket, _)) in due {
+            p.pushed(&key, ticket, &hash(&b4), applied("reload"), t0 + min, "t");
+        }
+        // Once applied, nothing is owed: a runtime-only bundle goes at once again.
+        let b5 = bundle("five", false, t0 + min);
+        p.set_bundle(b5);
+        assert_eq!(p.due(Some(1), min, t0 + min).len(), 2);
+    }
+
+    /// The rate limit counts per pod: a pod that joins later gets the current bundle at once,
+    /// and the wait of one pod is not another's.
+    #[test]
+    fn the_reload_rate_limit_is_per_pod() {
+        let t0 = Instant::now();
+        let min = Duration::from_secs(5);
+        let mut p = admitted(t0);
+        let b1 = bundle("one", true, t0);
+        p.set_bundle(b1.clone());
+        p.push_all(&b1, t0, applied("reload"));
+        let t1 = t0 + Duration::from_secs(1);
+        let b2 = bundle("two", true, t1);
+        p.set_bundle(b2.clone());
+        p.set_pods(
+            vec![
+                target("a", "10.0.0.1"),
+                target("b", "10.0.0.2"),
+                target("c", "10.0.0.3"),
+            ],
+            t1,
         );
+        p.probe_all(t1, |_| view(None));
+        assert_eq!(keys(&p.due(Some(1), min, t1)), ["ing/c"]);
+    }
+
+    /// A pod whose agent is slow to answer (a hung node, a reload that takes long) holds back
+    /// no other pod: the others get every newer bundle meanwhile, and the slow one the latest
+    /// once it answers.
+    #[test]
+    fn a_busy_pod_holds_back_no_other() {
+        let t0 = Instant::now();
+        let mut p = admitted(t0);
+        let b1 = bundle("one", false, t0);
+        p.set_bundle(b1.clone());
+        let first = p.due(Some(1), Duration::ZERO, t0);
+        let (slow, _) = first["ing/a"].clone();
+        p.pushed(
+            "ing/b",
+            first["ing/b"].0,
+            &hash(&b1),
+            applied("runtime"),
+            t0,
+            "t0",
+        );
+        // Two newer bundles: b gets each; a, still busy with the first push, gets none.
+        let mut latest = b1.clone();
+        for text in ["two", "three"] {
+            latest = bundle(text, false, t0);
+            p.set_bundle(latest.clone());
+            assert_eq!(p.push_all(&latest, t0, applied("runtime")), ["ing/b"]);
+        }
+        // The drift check goes to b alone; a's waits until a is free.
+        let t1 = t0 + MINUTE;
+        let probes = p.probes(t1, MINUTE, ALL);
+        assert_eq!(probes.len(), 1);
+        let (b, drift) = &probes[0];
+        assert_eq!((b.key.as_str(), *drift), ("ing/b", true));
+        let runs = view(Some(&hash(&latest)));
+        assert_eq!(
+            p.probed("ing/b", b.ticket, runs, true, true, t1),
+            Note::Quiet
+        );
+        // /debug/pods shows how long a's call has run.
+        let running: Vec<_> = p
+            .statuses(t1)
+            .into_iter()
+            .map(|s| (s.name, s.call_running_seconds))
+            .collect();
+        assert!(
+            matches!(&running[..], [(a, Some(secs)), (b, None)] if a == "a" && b == "b" && *secs == 60),
+            "{running:?}"
+        );
+        // a answers its first push at last, and is pushed the latest, with the first as base.
+        let note = p.pushed("ing/a", slow, &hash(&b1), applied("runtime"), t1, "late");
+        assert_eq!(
+            note,
+            Note::Applied {
+                result: "runtime".into()
+            }
+        );
+        let due = p.due(Some(1), Duration::ZERO, t1);
+        assert_eq!(keys(&due), ["ing/a"]);
+        assert_eq!(due["ing/a"].1, Some(hash(&b1)));
+        p.pushed(
+            "ing/a",
+            due["ing/a"].0,
+            &hash(&latest),
+            applied("runtime"),
+            t1,
+            "t1",
+        );
+        assert!(p.everywhere(&hash(&latest)));
+        let probes = p.probes(t1, MINUTE, ALL);
+        assert_eq!(probes.len(), 1);
+        assert_eq!((probes[0].0.key.as_str(), probes[0].1), ("ing/a", true));
+    }
+
+    /// `dataplane.maxParallel`: never more calls handed out than there is room for; the rest
+    /// stay due and go as calls end.
+    #[test]
+    fn calls_are_handed_out_within_the_room_left() {
+        let t0 = Instant::now();
+        let mut p = Planner::new(t0);
+        let pods: Vec<PodTarget> = (1..=5)
+            .map(|i| target(&format!("p{i}"), &format!("10.0.0.{i}")))
+            .collect();
+        p.set_pods(pods, t0);
+        let first = p.probes(t0, MINUTE, 2);
+        assert_eq!(first.len(), 2);
+        let second = p.probes(t0, MINUTE, 2);
+        assert_eq!(
+            second.len(),
+            2,
+            "the first two are busy, three are still due"
+        );
+        assert!(p.probes(t0, MINUTE, 0).is_empty());
+        for (call, drift) in first.into_iter().chain(second) {
+            p.probed(&call.key, call.ticket, view(None), true, drift, t0);
+        }
+        let b1 = bundle("one", false, t0);
+        p.set_bundle(b1);
+        match p.pushes(Some(1), Duration::ZERO, t0, 3) {
+            PushPlan::Push { pods, .. } => assert_eq!(pods.len(), 3),
+            other => panic!("{other:?}"),
+        }
+        // One left to probe, one admitted pod left to push to.
+        assert_eq!(p.probes(t0, MINUTE, ALL).len(), 1);
+        assert_eq!(p.due(Some(1), Duration::ZERO, t0).len(), 1);
     }
 
     /// A busy agent (423, or 503 reload_in_progress) is asked again after the backoff, and
@@ -758,22 +1034,31 @@ mod tests {
         let mut p = admitted(t0);
         let b1 = bundle("one", false, t0);
         p.set_bundle(b1.clone());
-        push_keys(&p.pushes(Some(1), Duration::ZERO, t0));
+        let due = p.due(Some(1), Duration::ZERO, t0);
         let note = p.pushed(
             "ing/a",
+            due["ing/a"].0,
             &hash(&b1),
             Outcome::Busy("423 busy".into()),
             t0,
             "t0",
         );
         assert_eq!(note, Note::Busy("423 busy".into()));
-        let a = p.statuses().into_iter().find(|s| s.name == "a").unwrap();
+        p.pushed(
+            "ing/b",
+            due["ing/b"].0,
+            &hash(&b1),
+            Outcome::Failed("x".into()),
+            t0,
+            "t0",
+        );
+        let a = p.statuses(t0).into_iter().find(|s| s.name == "a").unwrap();
         assert_eq!((a.last_error, a.consecutive_failures), (None, 0));
         // Not pushed again before its backoff, and probed first.
-        assert_eq!(push_keys(&p.pushes(Some(1), Duration::ZERO, t0)), ["ing/b"]);
+        assert!(p.due(Some(1), Duration::ZERO, t0).is_empty());
         let later = t0 + Duration::from_secs(1);
-        let (probes, _) = p.probes(later, Duration::from_secs(60));
-        assert_eq!(probes.len(), 1, "{probes:?}");
+        let probes = p.probes(later, MINUTE, ALL);
+        assert_eq!(probes.len(), 2, "{probes:?}");
     }
 
     /// A bundle's change-to-deployed latency counts once: when it first reaches every pod.
@@ -783,13 +1068,24 @@ mod tests {
         let mut p = admitted(t0);
         let b1 = bundle("one", false, t0);
         p.set_bundle(b1.clone());
-        push_keys(&p.pushes(Some(1), Duration::ZERO, t0));
-        let applied = || Outcome::Applied {
-            result: "runtime".into(),
-        };
-        p.pushed("ing/a", &hash(&b1), applied(), t0, "t0");
+        let due = p.due(Some(1), Duration::ZERO, t0);
+        p.pushed(
+            "ing/a",
+            due["ing/a"].0,
+            &hash(&b1),
+            applied("runtime"),
+            t0,
+            "t0",
+        );
         assert!(!p.newly_everywhere(&hash(&b1)), "one pod of two");
-        p.pushed("ing/b", &hash(&b1), applied(), t0, "t0");
+        p.pushed(
+            "ing/b",
+            due["ing/b"].0,
+            &hash(&b1),
+            applied("runtime"),
+            t0,
+            "t0",
+        );
         assert!(p.newly_everywhere(&hash(&b1)));
         assert!(!p.newly_everywhere(&hash(&b1)), "counted already");
     }
@@ -800,15 +1096,21 @@ mod tests {
         let mut p = admitted(t0);
         let b1 = bundle("one", false, t0);
         p.set_bundle(b1.clone());
-        push_keys(&p.pushes(Some(1), Duration::ZERO, t0));
-        let note = p.pushed("ing/a", &hash(&b1), Outcome::Failed("502".into()), t0, "t0");
+        let due = p.due(Some(1), Duration::ZERO, t0);
+        let note = p.pushed(
+            "ing/a",
+            due["ing/a"].0,
+            &hash(&b1),
+            Outcome::Failed("502".into()),
+            t0,
+            "t0",
+        );
         assert_eq!(note, Note::Failed("502".into()));
         p.pushed(
             "ing/b",
+            due["ing/b"].0,
             &hash(&b1),
-            Outcome::Applied {
-                result: "runtime".into(),
-            },
+            applied("runtime"),
             t0,
             "t0",
         );
@@ -818,26 +1120,21 @@ mod tests {
         assert_eq!(a.status.last_error.as_deref(), Some("502"));
         let retry = a.next_attempt;
         // Nothing before the retry time: no probe, no push; the deployer sleeps until then.
-        assert!(p.probes(t0, Duration::from_secs(60)).0.is_empty());
-        assert!(matches!(
-            p.pushes(Some(1), Duration::ZERO, t0),
-            PushPlan::Nothing
-        ));
+        assert!(p.probes(t0, MINUTE, ALL).is_empty());
+        assert!(p.due(Some(1), Duration::ZERO, t0).is_empty());
         assert_eq!(p.next_wake(IDLE, t0), (retry - t0).min(IDLE));
         // Then probed again (what it runs is unknown), then pushed.
-        let (probes, _) = p.probes(retry, Duration::from_secs(60));
+        let notes = p.probe_all(retry, |_| view(None));
         assert_eq!(
-            probes.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+            notes.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
             ["ing/a"]
         );
-        p.probed("ing/a", view(None), true, false, retry);
-        assert_eq!(
-            push_keys(&p.pushes(Some(1), Duration::ZERO, retry)),
-            ["ing/a"]
-        );
+        let due = p.due(Some(1), Duration::ZERO, retry);
+        assert_eq!(keys(&due), ["ing/a"]);
         // Backoff grows with consecutive failures, and a success resets the count.
         p.pushed(
             "ing/a",
+            due["ing/a"].0,
             &hash(&b1),
             Outcome::Failed("502".into()),
             retry,
@@ -849,14 +1146,13 @@ mod tests {
             "the step doubles (±25 %)"
         );
         let later = p.pods["ing/a"].next_attempt;
-        p.probed("ing/a", view(None), true, false, later);
-        p.pushes(Some(1), Duration::ZERO, later);
+        p.probe_all(later, |_| view(None));
+        let due = p.due(Some(1), Duration::ZERO, later);
         p.pushed(
             "ing/a",
+            due["ing/a"].0,
             &hash(&b1),
-            Outcome::Applied {
-                result: "runtime".into(),
-            },
+            applied("runtime"),
             later,
             "l",
         );
@@ -870,9 +1166,10 @@ mod tests {
         let mut p = admitted(t0);
         let b1 = bundle("one", false, t0);
         p.set_bundle(b1.clone());
-        p.pushes(Some(1), Duration::ZERO, t0);
+        let due = p.due(Some(1), Duration::ZERO, t0);
         let note = p.pushed(
             "ing/a",
+            due["ing/a"].0,
             &hash(&b1),
             Outcome::Fenced("412 epoch 2 > 1".into()),
             t0,
@@ -886,7 +1183,7 @@ mod tests {
             (a.status.last_error.clone(), a.status.consecutive_failures),
             (None, 0)
         );
-        assert!(!push_keys(&p.pushes(Some(1), Duration::ZERO, t0)).contains(&"ing/a".to_string()));
+        assert!(p.due(Some(1), Duration::ZERO, t0).is_empty());
     }
 
     #[test]
@@ -895,9 +1192,10 @@ mod tests {
         let mut p = admitted(t0);
         let b1 = bundle("one", false, t0);
         p.set_bundle(b1.clone());
-        p.pushes(Some(1), Duration::ZERO, t0);
+        let due = p.due(Some(1), Duration::ZERO, t0);
         p.pushed(
             "ing/a",
+            due["ing/a"].0,
             &hash(&b1),
             Outcome::Stale {
                 current: Some("theirs".into()),
@@ -905,49 +1203,60 @@ mod tests {
             t0,
             "t0",
         );
-        match p.pushes(Some(1), Duration::ZERO, t0) {
-            PushPlan::Push { pods, .. } => {
-                let a = pods
-                    .iter()
-                    .find(|(k, _, _)| k == "ing/a")
-                    .expect("retried at once");
-                assert_eq!(
-                    a.2.as_deref(),
-                    Some("theirs"),
-                    "with the agent's bundle as If-Match"
-                );
-            }
-            other => panic!("{other:?}"),
-        }
+        let again = p.due(Some(1), Duration::ZERO, t0);
+        assert_eq!(
+            again.get("ing/a").and_then(|(_, base)| base.as_deref()),
+            Some("theirs"),
+            "retried at once, with the agent's bundle as If-Match"
+        );
+    }
+
+    /// A ticket answers only its own call: an answer for a pod that was replaced (another IP
+    /// under the same name), or a repeated answer, changes nothing.
+    #[test]
+    fn answers_count_only_for_their_own_call() {
+        let t0 = Instant::now();
+        let mut p = Planner::new(t0);
+        p.set_pods(vec![target("a", "10.0.0.1")], t0);
+        let old = p.probes(t0, MINUTE, ALL).remove(0).0;
+        p.set_pods(vec![target("a", "10.0.0.9")], t0);
+        let new = p.probes(t0, MINUTE, ALL).remove(0).0;
+        assert_eq!(new.target.ip, "10.0.0.9");
+        assert_eq!(
+            p.probed("ing/a", old.ticket, view(Some("x")), true, false, t0),
+            Note::Quiet
+        );
+        assert!(!p.pods["ing/a"].known && p.pods["ing/a"].busy());
+        assert!(matches!(
+            p.probed("ing/a", new.ticket, view(Some("y")), true, false, t0),
+            Note::Admitted { .. }
+        ));
+        assert_eq!(
+            p.probed("ing/a", new.ticket, view(Some("z")), true, false, t0),
+            Note::Quiet
+        );
+        assert_eq!(p.pods["ing/a"].applied.as_deref(), Some("y"));
     }
 
     #[test]
     fn drift_is_found_by_the_periodic_check_and_repushed_by_the_leader_only() {
         let t0 = Instant::now();
-        let interval = Duration::from_secs(60);
+        let interval = MINUTE;
         let mut p = admitted(t0);
         let b1 = bundle("one", false, t0);
         p.set_bundle(b1.clone());
-        p.pushes(Some(1), Duration::ZERO, t0);
-        for k in ["ing/a", "ing/b"] {
-            p.pushed(
-                k,
-                &hash(&b1),
-                Outcome::Applied {
-                    result: "runtime".into(),
-                },
-                t0,
-                "t0",
-            );
-        }
+        p.push_all(&b1, t0, applied("runtime"));
         // Known pods are not probed again until the drift check is due.
-        assert!(p.probes(t0 + Duration::from_secs(1), interval).0.is_empty());
+        assert!(p
+            .probes(t0 + Duration::from_secs(1), interval, ALL)
+            .is_empty());
         let t1 = t0 + interval;
-        let (probes, drift_round) = p.probes(t1, interval);
-        assert!(drift_round);
+        let probes = p.probes(t1, interval, ALL);
         assert_eq!(probes.len(), 2);
+        assert!(probes.iter().all(|(_, drift)| *drift));
         // Pod a restarted HAProxy and lost its bundle; b still runs it.
-        let note = p.probed("ing/a", view(None), true, drift_round, t1);
+        let (a, b) = (&probes[0].0, &probes[1].0);
+        let note = p.probed("ing/a", a.ticket, view(None), true, true, t1);
         assert_eq!(
             note,
             Note::Drift {
@@ -956,46 +1265,58 @@ mod tests {
             }
         );
         assert_eq!(
-            p.probed("ing/b", view(Some(&hash(&b1))), true, drift_round, t1),
+            p.probed("ing/b", b.ticket, view(Some(&hash(&b1))), true, true, t1),
             Note::Quiet
         );
-        assert_eq!(push_keys(&p.pushes(Some(1), Duration::ZERO, t1)), ["ing/a"]);
+        let due = p.due(Some(1), Duration::ZERO, t1);
+        assert_eq!(keys(&due), ["ing/a"]);
         // The timer restarted: the next check is one interval later.
-        assert!(!p.probes(t1 + interval / 2, interval).1);
+        assert!(p.probes(t1 + interval / 2, interval, ALL).is_empty());
         p.pushed(
             "ing/a",
+            due["ing/a"].0,
             &hash(&b1),
-            Outcome::Applied {
-                result: "reload".into(),
-            },
+            applied("reload"),
             t1,
             "t1",
         );
         // A known pod whose agent stops answering is probed again after its backoff, not only
         // at the next drift check.
-        let (probes, drift) = p.probes(t1 + interval, interval);
-        assert!(drift);
+        let probes = p.probes(t1 + interval, interval, ALL);
         assert_eq!(probes.len(), 2);
         let down = Err(NotAdmitted::AgentUnavailable {
             detail: "connection refused".into(),
         });
-        p.probed("ing/b", down, true, drift, t1 + interval);
-        p.probed("ing/a", view(Some(&hash(&b1))), true, drift, t1 + interval);
-        let retry = p.pods["ing/b"].next_attempt;
-        let (probes, drift) = p.probes(retry, interval);
-        assert!(!drift);
-        assert_eq!(
-            probes.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
-            ["ing/b"]
+        let (a, b) = (&probes[0].0, &probes[1].0);
+        p.probed("ing/b", b.ticket, down, true, true, t1 + interval);
+        p.probed(
+            "ing/a",
+            a.ticket,
+            view(Some(&hash(&b1))),
+            true,
+            true,
+            t1 + interval,
         );
-        let back = p.probed("ing/b", view(Some(&hash(&b1))), true, drift, retry);
+        let retry = p.pods["ing/b"].next_attempt;
+        let probes = p.probes(retry, interval, ALL);
+        assert_eq!(probes.len(), 1);
+        assert_eq!((probes[0].0.key.as_str(), probes[0].1), ("ing/b", false));
+        let back = p.probed(
+            "ing/b",
+            probes[0].0.ticket,
+            view(Some(&hash(&b1))),
+            true,
+            false,
+            retry,
+        );
         assert!(matches!(back, Note::Admitted { .. }), "{back:?}");
         // A standby learns the same, without reporting drift.
         let mut s = admitted(t0);
         s.pods.get_mut("ing/a").unwrap().applied = Some(hash(&b1));
-        let (_, drift) = s.probes(t0 + interval, interval);
+        let probes = s.probes(t0 + interval, interval, ALL);
+        let a = &probes[0].0;
         assert_eq!(
-            s.probed("ing/a", view(None), false, drift, t0 + interval),
+            s.probed("ing/a", a.ticket, view(None), false, true, t0 + interval),
             Note::Quiet
         );
         assert_eq!(s.pods["ing/a"].applied, None);
@@ -1007,31 +1328,28 @@ mod tests {
         let mut p = Planner::new(t0);
         p.set_pods(vec![target("a", "10.0.0.1")], t0);
         p.set_bundle(bundle("one", false, t0));
-        let mismatch = || {
+        let mismatch = |_: &str| {
             Err(NotAdmitted::VersionMismatch {
                 runs: "3.0.1".into(),
                 required: "2.6".into(),
             })
         };
-        let note = p.probed("ing/a", mismatch(), true, false, t0);
+        let notes = p.probe_all(t0, mismatch);
         assert!(
-            matches!(note, Note::Refused(ref why) if why.contains("runs HAProxy 3.0.1")),
-            "{note:?}"
+            matches!(&notes[0].1, Note::Refused(why) if why.contains("runs HAProxy 3.0.1")),
+            "{notes:?}"
         );
-        assert!(matches!(
-            p.pushes(Some(1), Duration::ZERO, t0),
-            PushPlan::Nothing
-        ));
+        assert!(p.due(Some(1), Duration::ZERO, t0).is_empty());
         assert_eq!(p.admitted(), 0);
         assert!(matches!(
-            p.statuses()[0].not_admitted,
+            p.statuses(t0)[0].not_admitted,
             Some(NotAdmitted::VersionMismatch { .. })
         ));
         let retry = p.pods["ing/a"].next_attempt;
         assert!(retry > t0);
         assert_eq!(
-            p.probed("ing/a", mismatch(), true, false, retry),
-            Note::Quiet,
+            p.probe_all(retry, mismatch),
+            [("ing/a".to_string(), Note::Quiet)],
             "same reason: no new line"
         );
     }
@@ -1051,9 +1369,23 @@ mod tests {
         assert_eq!(p.pods["ing/a"].applied, None);
         // A new term probes every pod again before any push, even those waiting for a retry.
         let mut q = admitted(t0);
-        q.pushed("ing/a", "h", Outcome::Failed("x".into()), t0, "t0");
+        q.set_bundle(bundle("one", false, t0));
+        let due = q.due(Some(1), Duration::ZERO, t0);
+        q.pushed(
+            "ing/a",
+            due["ing/a"].0,
+            "h",
+            Outcome::Failed("x".into()),
+            t0,
+            "t0",
+        );
+        q.pods.get_mut("ing/b").unwrap().in_flight = None;
         q.new_term(t0);
-        let (probes, _) = q.probes(t0 + Duration::from_millis(1), Duration::from_secs(3600));
+        let probes = q.probes(
+            t0 + Duration::from_millis(1),
+            Duration::from_secs(3600),
+            ALL,
+        );
         assert_eq!(probes.len(), 2);
     }
 }

@@ -317,6 +317,25 @@ impl HaproxyPod {
         }
     }
 
+    /// Freezes the agent (SIGSTOP), as a hung process or node: the kernel still accepts its
+    /// connections, and nothing answers them until [`HaproxyPod::resume_agent`].
+    pub fn pause_agent(&self) {
+        self.signal_agent("STOP");
+    }
+
+    pub fn resume_agent(&self) {
+        self.signal_agent("CONT");
+    }
+
+    fn signal_agent(&self, signal: &str) {
+        let pid = self.agent.as_ref().expect("the agent runs").id();
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} {pid}");
+    }
+
     pub fn stop_agent(&mut self) {
         if let Some(mut c) = self.agent.take() {
             kill(&mut c);
