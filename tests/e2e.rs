@@ -815,7 +815,7 @@ fn restarted_agent_restarted_haproxy_and_new_pod_get_the_current_bundle() {
 }
 
 /// A pod whose agent hangs (SIGSTOP: the kernel still accepts its connections and nothing
-/// answers, as on a frozen node) holds back no other pod. With a five-minute
+/// answers, as with a hung process) holds back no other pod. With a five-minute
 /// `deploymentTimeout`, the other pod gets an endpoint change and a new Ingress while every
 /// call to the frozen agent hangs; `Deployed` names the frozen pod as behind; once it answers
 /// again it catches up with the latest bundle.

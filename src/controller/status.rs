@@ -723,7 +723,15 @@ impl StatusWriter {
             .as_ref()
             .map_or(1_048_576, |c| c.spec.compression_threshold());
         self.verify_published(written);
-        let pods = lock(&self.shared.pods).clone();
+        // Without how long a call under way has run (`/debug/pods` only): it changes with
+        // every call, and each change would be one more write.
+        let pods: Vec<crate::deploy::PodStatus> = lock(&self.shared.pods)
+            .iter()
+            .map(|p| crate::deploy::PodStatus {
+                call_running_seconds: None,
+                ..p.clone()
+            })
+            .collect();
         let runs = |p: &Published| {
             pods.iter()
                 .any(|pod| pod.applied_bundle.as_deref() == Some(p.hash.as_str()))

@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use haptic_agent::reload::Reloading;
 
@@ -120,10 +120,7 @@ impl AgentClient {
         // The head and the body go out as separate writes (TLS records): without this,
         // Nagle's algorithm could hold the body for the agent's delayed ACK.
         tcp.set_nodelay(true).map_err(|e| e.to_string())?;
-        tcp.set_read_timeout(Some(timeout))
-            .map_err(|e| e.to_string())?;
-        tcp.set_write_timeout(Some(timeout))
-            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + timeout;
         let context = |e: String| format!("{method} {path} to {addr}: {e}");
         match &self.transport {
             Transport::Tls(tls) => {
@@ -131,7 +128,11 @@ impl AgentClient {
                 let name = ServerName::try_from(tls.server_name.clone())
                     .map_err(|e| format!("server name {}: {e}", tls.server_name))?;
                 let conn = ClientConnection::new(config, name).map_err(|e| e.to_string())?;
-                let mut stream = StreamOwned::new(conn, tcp);
+                let mut stream = Timed {
+                    inner: StreamOwned::new(conn, tcp),
+                    deadline,
+                    timeout,
+                };
                 exchange(&mut stream, &tls.server_name, method, path, headers, body)
                     .map_err(context)
             }
@@ -146,7 +147,11 @@ impl AgentClient {
                 );
                 let mut all: Vec<(&str, String)> = headers.to_vec();
                 all.push(("Authorization", format!("Basic {credentials}")));
-                let mut stream = tcp;
+                let mut stream = Timed {
+                    inner: tcp,
+                    deadline,
+                    timeout,
+                };
                 // An IPv6 pod address is bracketed in Host (RFC 9110, as in a URL).
                 let host = match ip {
                     std::net::IpAddr::V6(v6) => format!("[{v6}]"),
@@ -155,6 +160,83 @@ impl AgentClient {
                 exchange(&mut stream, &host, method, path, &all, body).map_err(context)
             }
         }
+    }
+}
+
+/// A stream whose reads and writes all end by one deadline, `deploymentTimeout` after the
+/// call began: a socket timeout per read or write alone would let an agent that trickles its
+/// answer keep the call, and its pod, busy for as long as it likes.
+struct Timed<S> {
+    inner: S,
+    deadline: Instant,
+    timeout: Duration,
+}
+
+trait OverTcp {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl OverTcp for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl OverTcp for StreamOwned<ClientConnection, TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
+impl<S: OverTcp> Timed<S> {
+    /// Gives the next socket operation the time left (TLS reads may write, and writes read).
+    fn arm(&self) -> std::io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(self.late());
+        }
+        self.inner.tcp().set_read_timeout(Some(left))?;
+        self.inner.tcp().set_write_timeout(Some(left))
+    }
+
+    fn late(&self) -> std::io::Error {
+        std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "no complete answer within deploymentTimeout ({} s)",
+                self.timeout.as_secs_f64()
+            ),
+        )
+    }
+
+    /// A socket timeout (WouldBlock on Linux) is the deadline.
+    fn checked<T>(&self, r: std::io::Result<T>) -> std::io::Result<T> {
+        r.map_err(|e| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => self.late(),
+            _ => e,
+        })
+    }
+}
+
+impl<S: Read + OverTcp> Read for Timed<S> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.arm()?;
+        let r = self.inner.read(buf);
+        self.checked(r)
+    }
+}
+
+impl<S: Write + OverTcp> Write for Timed<S> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.arm()?;
+        let r = self.inner.write(buf);
+        self.checked(r)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.arm()?;
+        let r = self.inner.flush();
+        self.checked(r)
     }
 }
 
@@ -254,6 +336,54 @@ mod tests {
             b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"
         ));
         assert!(parse_response(b"garbage").is_none());
+    }
+
+    /// An agent that trickles its answer (a byte every 200 ms, forever) does not hold the call
+    /// past `deploymentTimeout`: each read alone would wait less than the timeout.
+    #[test]
+    fn a_trickling_agent_does_not_hold_a_call_past_its_timeout() {
+        let dir =
+            std::env::temp_dir().join(format!("haptic-agent-client-slow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("username"), "haptic\n").unwrap();
+        std::fs::write(dir.join("password"), "pw\n").unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let server = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut stream, _) = listener.accept().unwrap();
+                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n");
+                // Bounded, so that a regression fails the test instead of hanging it.
+                for _ in 0..150 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed)
+                        || stream.write_all(b"x").is_err()
+                    {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+        };
+        let client = AgentClient::new(
+            Transport::BasicAuth { dir: dir.clone() },
+            port,
+            Duration::from_secs(1),
+        );
+        let started = Instant::now();
+        let answer = client.request("127.0.0.1", "GET", "/v1/state", &[], None);
+        let took = started.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        server.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let error = answer.expect_err("the trickle never completes");
+        assert!(
+            error.contains("no complete answer within deploymentTimeout (1 s)"),
+            "{error}"
+        );
+        // Without the deadline the call lasts as long as the trickle (30 s).
+        assert!(took < Duration::from_secs(15), "{took:?}");
     }
 
     /// An agent at an IPv6 pod address (IPv6-only clusters): reached, with a bracketed Host.

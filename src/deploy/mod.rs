@@ -85,7 +85,9 @@ pub(crate) struct PodStatus {
     pub consecutive_failures: u32,
     pub last_deployed_at: Option<String>,
     /// How long the call under way to its agent (a state check or a push) has run, in whole
-    /// seconds: an agent that hangs shows here, while the other pods go on.
+    /// seconds: an agent that hangs shows here, while the other pods go on. `/debug/pods`
+    /// only: the status writer leaves it out (it changes with every call).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub call_running_seconds: Option<u64>,
 }
 
@@ -132,6 +134,8 @@ enum Job {
     Probe {
         target: PodTarget,
         drift: bool,
+        /// This replica led when the probe was handed out (only a leader reports drift).
+        leader: bool,
         /// `major.minor` the pod must run.
         required: Option<String>,
     },
@@ -150,6 +154,7 @@ enum Job {
 enum Answer {
     Probe {
         drift: bool,
+        leader: bool,
         answer: Result<AgentView, NotAdmitted>,
     },
     Push {
@@ -169,8 +174,9 @@ impl Job {
     /// The answer of a call that could not be made or ended in a panic.
     fn failed(&self, detail: String) -> Answer {
         match self {
-            Job::Probe { drift, .. } => Answer::Probe {
+            Job::Probe { drift, leader, .. } => Answer::Probe {
                 drift: *drift,
+                leader: *leader,
                 answer: Err(NotAdmitted::AgentUnavailable { detail }),
             },
             Job::Push {
@@ -188,9 +194,11 @@ impl Job {
             Job::Probe {
                 target,
                 drift,
+                leader,
                 required,
             } => Answer::Probe {
                 drift,
+                leader,
                 answer: agents.admit(&target, required.as_deref()),
             },
             Job::Push {
@@ -336,12 +344,19 @@ impl Agents {
 #[derive(Default)]
 struct Calls {
     running: usize,
-    /// Per bundle pushed: when its first push of this wave went out, and its pushes under way
-    /// (`haptic_deployment_duration_seconds` is observed when the last one answers).
+    /// Per bundle pushed: when the first push of this wave went out, and its pushes under way
+    /// (`haptic_deployment_duration_seconds` is observed once none is under way after a turn).
     waves: std::collections::BTreeMap<String, (Instant, usize)>,
     /// The encoded body of the bundle whose pushes are under way.
     wire: Option<(String, Wire)>,
+    /// The latest bundle pushed, and when its first push went out (the push time in the log
+    /// line of a bundle that reached every pod).
+    first_push: Option<(String, Instant)>,
 }
+
+/// How long a stopping deployer waits for its pushes under way to be answered: the leader
+/// releases its Lease after that, and a push cut off midway is one the next leader repeats.
+const SHUTDOWN_DRAIN: Duration = Duration::from_secs(10);
 
 impl Deployer {
     pub(crate) fn run(self) {
@@ -379,14 +394,82 @@ impl Deployer {
                     DeployMsg::Pods(targets) => plan.set_pods(targets, now),
                     DeployMsg::Leadership => plan.new_term(now),
                     DeployMsg::Release(epoch) => plan.release(epoch),
-                    // Calls under way end on their own threads (within `deploymentTimeout`);
-                    // their answers are no longer wanted.
-                    DeployMsg::Shutdown => return,
+                    DeployMsg::Shutdown => {
+                        self.drain(&done_rx, &mut plan, &mut calls);
+                        return;
+                    }
                 }
             }
             wait = self.turn(&mut plan, &mut calls, &agents, &done_tx);
+            self.after_turn(&mut plan, &mut calls);
             *crate::lock(&self.status) = plan.statuses(Instant::now());
         }
+    }
+
+    /// On shutdown: no new call, and the pushes under way answered (up to
+    /// [`SHUTDOWN_DRAIN`]) before the Lease goes. Probes still under way are left to end on
+    /// their threads.
+    fn drain(&self, done_rx: &Receiver<Done>, plan: &mut Planner, calls: &mut Calls) {
+        let until = Instant::now() + SHUTDOWN_DRAIN;
+        while calls.waves.values().any(|w| w.1 > 0) {
+            let left = until.saturating_duration_since(Instant::now());
+            match done_rx.recv_timeout(left) {
+                Ok(done) => self.finish(done, plan, calls),
+                Err(_) => {
+                    log::warn!("stopping with pushes still under way");
+                    break;
+                }
+            }
+        }
+        *crate::lock(&self.status) = plan.statuses(Instant::now());
+    }
+
+    /// After a turn: push waves that ended, and the current bundle reaching every pod.
+    fn after_turn(&self, plan: &mut Planner, calls: &mut Calls) {
+        calls.waves.retain(|_, (started, under_way)| {
+            if *under_way == 0 {
+                self.metrics.observe(
+                    &crate::metrics::DEPLOYMENT_DURATION_SECONDS,
+                    [],
+                    started.elapsed().as_secs_f64(),
+                );
+            }
+            *under_way > 0
+        });
+        // The body is not kept between waves (it is the bundle's size again).
+        if calls
+            .wire
+            .as_ref()
+            .is_some_and(|(h, _)| !calls.waves.contains_key(h))
+        {
+            calls.wire = None;
+        }
+        let Some(current) = plan.current.clone() else {
+            return;
+        };
+        let hash = current.hash.as_str();
+        // Once per bundle, on the leader: a pod that joins, or is repaired, hours later is not
+        // a change that took hours to deploy.
+        if self.leadership.epoch().is_none() || plan.admitted() == 0 || !plan.newly_everywhere(hash)
+        {
+            return;
+        }
+        let latency = current.first_change.elapsed();
+        self.metrics.observe(
+            &crate::metrics::CHANGE_TO_DEPLOYED_SECONDS,
+            [],
+            latency.as_secs_f64(),
+        );
+        let pushing = match &calls.first_push {
+            Some((h, at)) if h == hash => at.elapsed().as_millis(),
+            _ => 0,
+        };
+        log::info!(
+            "bundle={} applied to all {} admitted pods in {pushing} ms (change to deployed {} ms)",
+            &hash[..12.min(hash.len())],
+            plan.admitted(),
+            latency.as_millis()
+        );
     }
 
     /// Hands out the calls due now: probes of the pods the planner names, then pushes where it
@@ -427,6 +510,7 @@ impl Deployer {
             let job = Job::Probe {
                 target: call.target,
                 drift,
+                leader: epoch.is_some(),
                 required: required.clone(),
             };
             calls.start(call.key, call.ticket, job, agents, done);
@@ -445,6 +529,9 @@ impl Deployer {
             let now = Instant::now();
             let wave = calls.waves.entry(hash.to_string()).or_insert((now, 0));
             wave.1 += pods.len();
+            if calls.first_push.as_ref().is_none_or(|(h, _)| h != hash) {
+                calls.first_push = Some((hash.to_string(), now));
+            }
             for (call, base) in pods {
                 let job = Job::Push {
                     target: call.target,
@@ -461,11 +548,15 @@ impl Deployer {
 
     /// Records an agent's answer.
     fn finish(&self, done: Done, plan: &mut Planner, calls: &mut Calls) {
+        debug_assert!(calls.running > 0, "an answer for a call never counted");
         calls.running = calls.running.saturating_sub(1);
         let now = Instant::now();
         match done.answer {
-            Answer::Probe { drift, answer } => {
-                let leader = self.leadership.epoch().is_some();
+            Answer::Probe {
+                drift,
+                leader,
+                answer,
+            } => {
                 let note = plan.probed(&done.key, done.ticket, answer, leader, drift, now);
                 self.report(&done.key, note, None);
             }
@@ -475,42 +566,18 @@ impl Deployer {
                 outcome,
             } => {
                 let hash = published.hash.as_str();
-                let pushing_since = calls.waves.get(hash).map(|w| w.0);
                 if let Some(wave) = calls.waves.get_mut(hash) {
                     wave.1 = wave.1.saturating_sub(1);
-                    if wave.1 == 0 {
-                        self.metrics.observe(
-                            &crate::metrics::DEPLOYMENT_DURATION_SECONDS,
-                            [],
-                            wave.0.elapsed().as_secs_f64(),
-                        );
-                        calls.waves.remove(hash);
-                        // The body is not kept between waves (it is the bundle's size again).
-                        if calls.wire.as_ref().is_some_and(|(h, _)| h == hash) {
-                            calls.wire = None;
-                        }
-                    }
                 }
                 let note = plan.pushed(&done.key, done.ticket, hash, outcome, now, &now_rfc3339());
-                let applied = matches!(note, Note::Applied { .. });
-                self.report(&done.key, note, Some(epoch));
-                // Once per bundle: a pod that joins, or is repaired, hours later is not a
-                // change that took hours to deploy.
-                if applied && plan.newly_everywhere(hash) {
-                    let latency = published.first_change.elapsed();
-                    self.metrics.observe(
-                        &crate::metrics::CHANGE_TO_DEPLOYED_SECONDS,
-                        [],
-                        latency.as_secs_f64(),
-                    );
-                    let admitted = plan.admitted();
-                    log::info!(
-                        "bundle={} applied to {admitted}/{admitted} pods in {} ms (change to deployed {} ms)",
-                        &hash[..12.min(hash.len())],
-                        pushing_since.map_or(0, |s| s.elapsed().as_millis()),
-                        latency.as_millis()
+                if let Note::Applied { result } = &note {
+                    log::debug!(
+                        "pod={} applied bundle={} ({result})",
+                        done.key,
+                        &hash[..12.min(hash.len())]
                     );
                 }
+                self.report(&done.key, note, Some(epoch));
             }
         }
     }
@@ -597,6 +664,267 @@ impl Calls {
                 self.wire = Some((hash.to_string(), wire.clone()));
                 wire
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::path::PathBuf;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Condvar;
+
+    /// Agents on loopback addresses sharing one port, as plain HTTP with basic auth (the
+    /// agents' `--insecure-http-with-basic-auth` mode): they answer state checks and pushes
+    /// like an agent, and count the calls under way. A call waits until `together` calls
+    /// are under way (at most 5 s), so that calls meant to overlap do.
+    struct FakeAgents {
+        ips: Vec<String>,
+        port: u16,
+        dir: PathBuf,
+        shared: Arc<FakeShared>,
+    }
+
+    #[derive(Default)]
+    struct FakeShared {
+        /// (under way, most at once)
+        calls: Mutex<(usize, usize)>,
+        changed: Condvar,
+        together: Mutex<usize>,
+        /// Per IP: the bundle hash it was pushed (reported by its state checks).
+        applied: Mutex<std::collections::BTreeMap<String, String>>,
+        /// The hash a push carries (the fakes do not hash bundles).
+        pushing: Mutex<String>,
+        stop: AtomicBool,
+    }
+
+    impl FakeAgents {
+        fn start(pods: usize, salt: u8) -> FakeAgents {
+            let dir = std::env::temp_dir()
+                .join(format!("haptic-deploy-fakes-{}-{salt}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("username"), "haptic\n").unwrap();
+            std::fs::write(dir.join("password"), "pw\n").unwrap();
+            let shared = Arc::new(FakeShared::default());
+            // Addresses of their own (concurrent runs on one machine): retried on a clash.
+            for attempt in 0..50u32 {
+                let third = (std::process::id() + attempt * 7 + u32::from(salt) * 31) % 250 + 1;
+                let ips: Vec<String> = (1..=pods).map(|i| format!("127.78.{third}.{i}")).collect();
+                let Ok(first) = TcpListener::bind((ips[0].as_str(), 0)) else {
+                    continue;
+                };
+                let port = first.local_addr().unwrap().port();
+                let mut listeners = vec![first];
+                for ip in &ips[1..] {
+                    match TcpListener::bind((ip.as_str(), port)) {
+                        Ok(l) => listeners.push(l),
+                        Err(_) => break,
+                    }
+                }
+                if listeners.len() < pods {
+                    continue;
+                }
+                for (listener, ip) in listeners.into_iter().zip(ips.clone()) {
+                    let shared = shared.clone();
+                    listener.set_nonblocking(true).unwrap();
+                    std::thread::spawn(move || loop {
+                        if shared.stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        match listener.accept() {
+                            Ok((stream, _)) => {
+                                let (shared, ip) = (shared.clone(), ip.clone());
+                                std::thread::spawn(move || serve(stream, &ip, &shared));
+                            }
+                            Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                        }
+                    });
+                }
+                return FakeAgents {
+                    ips,
+                    port,
+                    dir,
+                    shared,
+                };
+            }
+            panic!("no free loopback addresses for the fake agents");
+        }
+
+        fn targets(&self) -> Vec<PodTarget> {
+            self.ips
+                .iter()
+                .enumerate()
+                .map(|(i, ip)| PodTarget {
+                    namespace: "ing".into(),
+                    name: format!("haproxy-{i}"),
+                    ip: ip.clone(),
+                    incarnation: "uid haproxy=0,haptic-agent=0".into(),
+                })
+                .collect()
+        }
+
+        fn applied(&self, hash: &str) -> usize {
+            crate::lock(&self.shared.applied)
+                .values()
+                .filter(|h| *h == hash)
+                .count()
+        }
+    }
+
+    impl Drop for FakeAgents {
+        fn drop(&mut self) {
+            self.shared.stop.store(true, Ordering::Relaxed);
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    fn serve(stream: TcpStream, ip: &str, shared: &FakeShared) {
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut first = String::new();
+        let mut length = 0;
+        let _ = reader.read_line(&mut first);
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = v.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; length];
+        let _ = reader.read_exact(&mut body);
+        {
+            let mut c = crate::lock(&shared.calls);
+            c.0 += 1;
+            c.1 = c.1.max(c.0);
+            shared.changed.notify_all();
+            let together = *crate::lock(&shared.together);
+            let (c, _) = shared
+                .changed
+                .wait_timeout_while(c, Duration::from_secs(5), |c| c.0 < together)
+                .unwrap();
+            drop(c);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        let answer = if first.starts_with("PUT") {
+            let hash = crate::lock(&shared.pushing).clone();
+            crate::lock(&shared.applied).insert(ip.to_string(), hash.clone());
+            serde_json::json!({"result": "reload", "bundle": hash})
+        } else {
+            let applied = crate::lock(&shared.applied).get(ip).cloned();
+            serde_json::json!({
+                "bundle": applied, "applied_at": null,
+                "mode": if applied.is_some() { "applied" } else { "bootstrap" },
+                "config_sha256": null, "leader_epoch": null,
+                "haproxy": {"version": "2.6.12", "master_pid": 1, "worker_pid": 2, "reloads": 0, "failed_reloads": 0},
+                "last_apply": null,
+                "drift": {"config_ok": true, "files_ok": true},
+            })
+        };
+        crate::lock(&shared.calls).0 -= 1;
+        let body = answer.to_string();
+        let mut stream = stream;
+        let _ = write!(
+            stream,
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    }
+
+    /// A deployer for `fakes`, leading without election, on its own thread.
+    fn deployer(
+        fakes: &FakeAgents,
+        max_parallel: usize,
+    ) -> (
+        crossbeam_channel::Sender<DeployMsg>,
+        Registry,
+        std::thread::JoinHandle<()>,
+    ) {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let metrics = Registry::default();
+        let d = Deployer {
+            client: Arc::new(AgentClient::new(
+                agent_client::Transport::BasicAuth {
+                    dir: fakes.dir.clone(),
+                },
+                fakes.port,
+                Duration::from_secs(10),
+            )),
+            leadership: Arc::new(Leadership::always()),
+            config: Arc::new(Mutex::new(DeployerConfig {
+                min_deployment_interval: Duration::ZERO,
+                drift_prevention_interval: Duration::from_secs(3600),
+                haproxy_version: None,
+                agent_port: fakes.port,
+                agent_timeout: Duration::from_secs(10),
+                max_parallel,
+            })),
+            metrics: metrics.clone(),
+            inbox: rx,
+            status: Arc::new(Mutex::new(Vec::new())),
+        };
+        let handle = std::thread::spawn(move || d.run());
+        tx.send(DeployMsg::Pods(fakes.targets())).unwrap();
+        tx.send(DeployMsg::Release(0)).unwrap();
+        (tx, metrics, handle)
+    }
+
+    fn bundle(text: &str) -> Arc<Published> {
+        let bundle = Bundle::new(text.to_string(), Vec::new());
+        Arc::new(Published {
+            hash: bundle.hash(),
+            bundle,
+            reload: true,
+            checked_with: None,
+            first_change: Instant::now(),
+        })
+    }
+
+    fn series(metrics: &Registry, name: &str) -> f64 {
+        metrics
+            .encode()
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+        let until = Instant::now() + Duration::from_secs(30);
+        while !ok() {
+            assert!(Instant::now() < until, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// `dataplane.maxParallel`: never more calls at once than the limit, every pod reached,
+    /// and the bundle's pushes one wave (one `haptic_deployment_duration_seconds` sample, one
+    /// change-to-deployed sample) however they were spread; 0 calls every pod at once.
+    #[test]
+    fn at_most_max_parallel_agents_are_called_at_once() {
+        for (limit, together, salt) in [(1, 1, 1u8), (2, 2, 2), (0, 5, 3)] {
+            let fakes = FakeAgents::start(5, salt);
+            *crate::lock(&fakes.shared.together) = together;
+            let (tx, metrics, handle) = deployer(&fakes, limit);
+            let b = bundle(&format!("global\n# limit {limit}\n"));
+            *crate::lock(&fakes.shared.pushing) = b.hash.as_str().to_string();
+            tx.send(DeployMsg::Bundle(b.clone())).unwrap();
+            wait_until("every pod applied", || fakes.applied(b.hash.as_str()) == 5);
+            wait_until("the change counted as deployed", || {
+                series(&metrics, "haptic_change_to_deployed_seconds_count") == 1.0
+            });
+            tx.send(DeployMsg::Shutdown).unwrap();
+            handle.join().unwrap();
+            let most = crate::lock(&fakes.shared.calls).1;
+            assert_eq!(most, together, "limit {limit}");
+            assert_eq!(
+                series(&metrics, "haptic_deployment_duration_seconds_count"),
+                1.0,
+                "limit {limit}: one wave"
+            );
         }
     }
 }

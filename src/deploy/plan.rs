@@ -106,6 +106,8 @@ pub(crate) enum PushPlan {
 struct InFlight {
     ticket: u64,
     since: Instant,
+    /// [`Planner::reload_gen`] when it was handed out: a push applied brings the pod that far.
+    gen: u64,
     /// Its answer no longer counts (a new term began, or the container restarted, while it
     /// ran): the pod stays busy until it comes, and is then asked again.
     void: bool,
@@ -126,12 +128,33 @@ pub(crate) struct PodState {
     in_flight: Option<InFlight>,
     /// The periodic drift check is due for this pod (it is probed when free).
     drift_due: bool,
-    /// A reload-class bundle came after the last one this pod applied: its next push reloads,
-    /// whatever the bundle pushed is against its predecessor.
-    owes_reload: bool,
-    /// When the last reload-class push to this pod went out (`minDeploymentInterval`).
+    /// The [`Planner::reload_gen`] the pod is known to have caught up with (`None`: new,
+    /// restarted, on its bootstrap configuration, or unknown): below the planner's, its next
+    /// push reloads whatever the bundle is against its predecessor.
+    synced_gen: Option<u64>,
+    /// When the last push that reloads this pod went out (`minDeploymentInterval`).
     last_reload_push: Option<Instant>,
+    /// When the last call to this pod was handed out: with `dataplane.maxParallel`, the pods
+    /// waiting longest go first.
+    last_call: Option<Instant>,
 }
+
+/// What is kept of a pod that left the targets (its agent stopped answering its readiness
+/// probe, a rollout): a call still under way to it, and its last reload push, so that a pod
+/// that comes back under the same IP is not called twice at once nor reloaded sooner than
+/// `minDeploymentInterval` allows.
+#[derive(Debug)]
+struct Departed {
+    ip: String,
+    incarnation: String,
+    in_flight: Option<InFlight>,
+    last_reload_push: Option<Instant>,
+    since: Instant,
+}
+
+/// How long a departed pod's last reload push is remembered: the longest
+/// `minDeploymentInterval`.
+const DEPARTED_MEMORY: Duration = Duration::from_secs(600);
 
 impl PodState {
     fn new(target: &PodTarget, now: Instant) -> PodState {
@@ -149,8 +172,9 @@ impl PodState {
             incarnation: target.incarnation.clone(),
             in_flight: None,
             drift_due: false,
-            owes_reload: false,
+            synced_gen: None,
             last_reload_push: None,
+            last_call: None,
         }
     }
 
@@ -159,15 +183,15 @@ impl PodState {
         self.in_flight.is_some()
     }
 
-    /// Ends the call of `ticket`; whether its answer counts.
-    fn answered(&mut self, ticket: u64) -> bool {
+    /// Ends the call of `ticket`: the call, when its answer counts.
+    fn answered(&mut self, ticket: u64) -> Option<InFlight> {
         match self.in_flight {
             Some(f) if f.ticket == ticket => {
                 self.in_flight = None;
-                !f.void
+                (!f.void).then_some(f)
             }
             // A call to the pod this one replaced (another IP under the same name).
-            _ => false,
+            _ => None,
         }
     }
 
@@ -199,6 +223,10 @@ pub(crate) struct Planner {
     pub current: Option<Arc<Published>>,
     /// The last ticket handed out.
     tickets: u64,
+    /// How many reload-class bundles came (a pod that has not caught up with the latest one
+    /// reloads at its next push).
+    reload_gen: u64,
+    departed: BTreeMap<String, Departed>,
     /// The earliest time a pod held back by the reload rate limit may be pushed to.
     rate_limited_until: Option<Instant>,
     /// The last bundle seen on every admitted pod: its change-to-deployed latency counts once.
@@ -228,6 +256,8 @@ impl Planner {
             pods: BTreeMap::new(),
             current: None,
             tickets: 0,
+            reload_gen: 0,
+            departed: BTreeMap::new(),
             rate_limited_until: None,
             deployed: None,
             next_drift: now,
@@ -291,23 +321,55 @@ impl Planner {
     /// A newer validated bundle (only the latest matters).
     pub(super) fn set_bundle(&mut self, published: Arc<Published>) {
         if published.reload {
-            for pod in self.pods.values_mut() {
-                pod.owes_reload = true;
-            }
+            self.reload_gen += 1;
         }
         self.current = Some(published);
+    }
+
+    /// Whether the next push to `pod` reloads it.
+    fn reloads(&self, pod: &PodState) -> bool {
+        pod.synced_gen.is_none_or(|g| g < self.reload_gen)
+    }
+
+    /// What a pod runs, as a probe or a stale push told: the current bundle means it caught
+    /// up with every reload; bootstrap, that its next push reloads.
+    fn learn_runs(&mut self, key: &str, bundle: Option<&str>) {
+        let current = self.current.as_ref().map(|c| c.hash.as_str());
+        let gen = self.reload_gen;
+        if let Some(pod) = self.pods.get_mut(key) {
+            match bundle {
+                None => pod.synced_gen = None,
+                Some(b) if Some(b) == current => pod.synced_gen = Some(gen),
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Ends the call of `ticket` to `key`, of a pod still a target or one that departed: the
+    /// call, when its answer counts.
+    fn settle(&mut self, key: &str, ticket: u64) -> Option<InFlight> {
+        if let Some(d) = self.departed.get_mut(key) {
+            if d.in_flight.is_some_and(|f| f.ticket == ticket) {
+                d.in_flight = None;
+                return None;
+            }
+        }
+        self.pods.get_mut(key)?.answered(ticket)
     }
 
     /// Marks the pod busy with a new call.
     fn hand_out(&mut self, key: &str, now: Instant) -> Option<Call> {
         self.tickets += 1;
         let ticket = self.tickets;
+        let gen = self.reload_gen;
         let pod = self.pods.get_mut(key)?;
         pod.in_flight = Some(InFlight {
             ticket,
             since: now,
+            gen,
             void: false,
         });
+        pod.last_call = Some(now);
         Some(Call {
             key: key.to_string(),
             target: pod.target(),
@@ -319,21 +381,59 @@ impl Planner {
     /// changed under the same name is a new pod.
     pub(super) fn set_pods(&mut self, targets: Vec<PodTarget>, now: Instant) {
         let keys: std::collections::BTreeSet<String> = targets.iter().map(key_of).collect();
-        self.pods.retain(|k, _| keys.contains(k));
+        let gone: Vec<String> = self
+            .pods
+            .keys()
+            .filter(|k| !keys.contains(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(pod) = self.pods.remove(&key) {
+                self.departed.insert(
+                    key,
+                    Departed {
+                        ip: pod.status.ip,
+                        incarnation: pod.incarnation,
+                        in_flight: pod.in_flight,
+                        last_reload_push: pod.last_reload_push,
+                        since: now,
+                    },
+                );
+            }
+        }
+        self.departed.retain(|_, d| {
+            d.in_flight.is_some() || now.saturating_duration_since(d.since) < DEPARTED_MEMORY
+        });
         for target in targets {
+            let key = key_of(&target);
             let entry = self
                 .pods
-                .entry(key_of(&target))
+                .entry(key.clone())
                 .or_insert_with(|| PodState::new(&target, now));
             if entry.status.ip != target.ip {
                 *entry = PodState::new(&target, now);
             } else if entry.incarnation != target.incarnation {
                 // A container restarted (or the pod was recreated under its name and IP):
-                // what it runs is asked again now (once a call under way has ended).
+                // what it runs is asked again now (once a call under way has ended). Its new
+                // HAProxy has no older workers for the reload rate limit to spare.
                 entry.incarnation = target.incarnation.clone();
                 entry.known = false;
                 entry.next_attempt = now;
+                entry.synced_gen = None;
+                entry.last_reload_push = None;
                 entry.void_call();
+            }
+            // Back under the same IP: the call still under way stays its one call (its answer
+            // no longer counts), and, the same containers, its last reload push still counts.
+            if let Some(d) = self.departed.remove(&key) {
+                if d.ip == entry.status.ip && entry.in_flight.is_none() {
+                    entry.in_flight = d.in_flight.map(|f| InFlight { void: true, ..f });
+                    if d.incarnation == entry.incarnation {
+                        entry.last_reload_push = entry.last_reload_push.max(d.last_reload_push);
+                    }
+                } else if d.in_flight.is_some() {
+                    self.departed.insert(key, d);
+                }
             }
         }
     }
@@ -362,13 +462,15 @@ impl Planner {
                 pod.drift_due = true;
             }
         }
-        let due: Vec<String> = self
+        let mut due: Vec<(Option<Instant>, String)> = self
             .pods
             .iter()
             .filter(|(_, p)| !p.busy() && (!p.known || p.drift_due) && p.next_attempt <= now)
-            .map(|(k, _)| k.clone())
-            .take(room)
+            .map(|(k, p)| (p.last_call, k.clone()))
             .collect();
+        // The pods waiting longest first (never called: first of all).
+        due.sort();
+        let due: Vec<String> = due.into_iter().take(room).map(|(_, k)| k).collect();
         due.into_iter()
             .filter_map(|key| {
                 let pod = self.pods.get_mut(&key)?;
@@ -389,12 +491,15 @@ impl Planner {
         drift_check: bool,
         now: Instant,
     ) -> Note {
+        if self.settle(key, ticket).is_none() {
+            return Note::Quiet;
+        }
+        if let Ok(view) = &answer {
+            self.learn_runs(key, view.bundle.as_deref());
+        }
         let Some(pod) = self.pods.get_mut(key) else {
             return Note::Quiet;
         };
-        if !pod.answered(ticket) {
-            return Note::Quiet;
-        }
         match answer {
             Ok(AgentView { bundle, version }) => {
                 let note = if leader && pod.known && drift_check && bundle != pod.applied {
@@ -467,7 +572,7 @@ impl Planner {
             {
                 continue;
             }
-            let reloads = published.reload || p.owes_reload;
+            let reloads = self.reloads(p);
             if let (true, Some(last)) = (reloads, p.last_reload_push) {
                 let until = last + min_interval;
                 if now < until {
@@ -476,16 +581,16 @@ impl Planner {
                     continue;
                 }
             }
-            if due.len() == room {
-                break;
-            }
-            due.push((key.clone(), reloads));
+            due.push((p.last_call, key.clone(), reloads));
         }
+        // The pods waiting longest first (never called: first of all).
+        due.sort();
+        due.truncate(room);
         if due.is_empty() {
             return PushPlan::Nothing;
         }
         let mut pods = Vec::with_capacity(due.len());
-        for (key, reloads) in due {
+        for (_, key, reloads) in due {
             let Some(pod) = self.pods.get_mut(&key) else {
                 continue;
             };
@@ -512,19 +617,19 @@ impl Planner {
         now: Instant,
         at: &str,
     ) -> Note {
-        let current = self.current.as_ref().map(|c| c.hash.as_str());
+        let Some(call) = self.settle(key, ticket) else {
+            return Note::Quiet;
+        };
+        if let Outcome::Stale { current } = &outcome {
+            self.learn_runs(key, current.as_deref());
+        }
         let Some(pod) = self.pods.get_mut(key) else {
             return Note::Quiet;
         };
-        if !pod.answered(ticket) {
-            return Note::Quiet;
-        }
         match outcome {
             Outcome::Applied { result } => {
-                // It runs the latest bundle: no reload is owed any more.
-                if current == Some(hash) {
-                    pod.owes_reload = false;
-                }
+                // It caught up with the reloads that came before this push was handed out.
+                pod.synced_gen = Some(call.gen);
                 pod.applied = Some(hash.to_string());
                 pod.status.applied_bundle = Some(hash.to_string());
                 pod.status.last_result = Some(result.clone());
@@ -570,12 +675,12 @@ impl Planner {
         true
     }
 
-    /// Whether every admitted pod runs `hash`.
+    /// Whether every admitted pod runs `hash`, as learnt in this term.
     pub(super) fn everywhere(&self, hash: &str) -> bool {
         self.pods
             .values()
             .filter(|p| p.status.admitted)
-            .all(|p| p.applied.as_deref() == Some(hash))
+            .all(|p| p.known && p.applied.as_deref() == Some(hash))
     }
 
     /// How long to sleep: until the earliest retry or the end of a reload rate limit, at most
@@ -751,7 +856,8 @@ mod tests {
         assert!(p.held_until(5, almost).is_some());
         let after = t0 + TAKEOVER_HOLD;
         assert!(p.held_until(5, after).is_none());
-        assert_eq!(p.due(Some(5), Duration::ZERO, after).len(), 2);
+        let due5 = p.due(Some(5), Duration::ZERO, after);
+        assert_eq!(due5.len(), 2);
         // A release that comes before the deployer saw the epoch counts all the same.
         p.release(6);
         assert!(p.saw_epoch(Some(6), 3, after));
@@ -760,9 +866,14 @@ mod tests {
         p.release(4);
         assert!(p.held_until(6, after).is_none());
         // The same term renumbered (the Lease started over below the agents' epoch): no new
-        // term, nothing held, what the pods run is still known.
-        for pod in p.pods.values_mut() {
-            pod.in_flight = None;
+        // term, nothing held, what the pods run is still known. (Term 6 voided the pushes of
+        // term 5: the pods stay busy until they answer, and are probed then.)
+        assert!(p.probes(after, MINUTE, ALL).is_empty());
+        for (key, (ticket, _)) in due5 {
+            assert_eq!(
+                p.pushed(&key, ticket, "h", applied("runtime"), after, "a"),
+                Note::Quiet
+            );
         }
         assert_eq!(p.probe_all(after, |_| view(None)).len(), 2);
         assert!(!p.saw_epoch(Some(9), 3, after));
@@ -846,6 +957,9 @@ mod tests {
         );
         assert!(p.everywhere(&hash(&b1)));
         assert!(p.due(Some(7), Duration::ZERO, t0).is_empty());
+        // What a pod runs counts as learnt in this term only.
+        p.new_term(t0);
+        assert!(!p.everywhere(&hash(&b1)));
         assert_eq!(
             p.statuses(t0)[0].applied_bundle.as_deref(),
             Some(hash(&b1).as_str())
@@ -896,6 +1010,121 @@ mod tests {
         assert_eq!(p.due(Some(1), min, t0 + min).len(), 2);
     }
 
+    /// A runtime-only bundle that comes while a reload push is under way goes at once after
+    /// it: the pod caught up with that reload (not counted as a reload, nor held back).
+    #[test]
+    fn a_runtime_change_during_a_reload_push_is_not_held_back() {
+        let t0 = Instant::now();
+        let min = Duration::from_secs(5);
+        let mut p = admitted(t0);
+        let r = bundle("reload", true, t0);
+        p.set_bundle(r.clone());
+        let due = p.due(Some(1), min, t0);
+        assert_eq!(due.len(), 2);
+        let s1 = bundle("runtime", false, t0);
+        p.set_bundle(s1.clone());
+        let t1 = t0 + Duration::from_millis(300);
+        for (key, (ticket, _)) in &due {
+            p.pushed(key, *ticket, &hash(&r), applied("reload"), t1, "t1");
+        }
+        assert_eq!(keys(&p.due(Some(1), min, t1)), ["ing/a", "ing/b"]);
+        // The same when a probe (a new term) finds the pod already runs the latest bundle.
+        let s2 = bundle("runtime-2", false, t1);
+        let r2 = bundle("reload-2", true, t1);
+        let mut q = admitted(t0);
+        q.set_bundle(r2.clone());
+        q.push_all(&r2, t0, applied("reload"));
+        q.set_bundle(bundle("reload-3", true, t1));
+        q.new_term(t1);
+        let current = hash(q.current.as_ref().unwrap());
+        q.probe_all(t1, |_| view(Some(&current)));
+        q.set_bundle(s2);
+        assert_eq!(q.due(Some(1), min, t1).len(), 2);
+    }
+
+    /// A pod that leaves the targets while a call to it is under way (its agent stopped
+    /// answering its readiness probe) and comes back under the same IP is not called twice at
+    /// once, and its last reload push still counts; a restarted container is not held back.
+    #[test]
+    fn a_pod_that_leaves_and_returns_keeps_its_call_and_its_reload_limit() {
+        let t0 = Instant::now();
+        let min = Duration::from_secs(5);
+        let mut p = admitted(t0);
+        let b1 = bundle("one", true, t0);
+        p.set_bundle(b1.clone());
+        let due = p.due(Some(1), min, t0);
+        let a_call = due["ing/a"].0;
+        p.pushed(
+            "ing/b",
+            due["ing/b"].0,
+            &hash(&b1),
+            applied("reload"),
+            t0,
+            "t0",
+        );
+        // a leaves, and comes back a second later: still busy with the same call.
+        p.set_pods(vec![target("b", "10.0.0.2")], t0);
+        let t1 = t0 + Duration::from_secs(1);
+        p.set_pods(vec![target("a", "10.0.0.1"), target("b", "10.0.0.2")], t1);
+        assert!(p.probes(t1, MINUTE, ALL).is_empty(), "a is still busy");
+        assert_eq!(
+            p.pushed("ing/a", a_call, &hash(&b1), applied("reload"), t1, "t1"),
+            Note::Quiet
+        );
+        p.probe_all(t1, |_| view(Some("older")));
+        // Its last reload push (t0) still holds the next reload back until t0 + 5 s.
+        let b2 = bundle("two", true, t1);
+        p.set_bundle(b2);
+        assert!(p.due(Some(1), min, t1).is_empty());
+        assert_eq!(keys(&p.due(Some(1), min, t0 + min)), ["ing/a", "ing/b"]);
+        // A restarted container (HAProxy on its bootstrap configuration) is not held back.
+        let mut q = admitted(t0);
+        let b1 = bundle("one", true, t0);
+        q.set_bundle(b1.clone());
+        q.push_all(&b1, t0, applied("reload"));
+        let mut restarted = target("a", "10.0.0.1");
+        restarted.incarnation = "uid haproxy=1,haptic-agent=0".into();
+        q.set_pods(vec![restarted, target("b", "10.0.0.2")], t1);
+        q.probe_all(t1, |_| view(None));
+        assert_eq!(keys(&q.due(Some(1), min, t1)), ["ing/a"]);
+    }
+
+    /// With `dataplane.maxParallel`, the pods waiting longest are called first: when bundles
+    /// come faster than a push completes, no pod is left behind for good.
+    #[test]
+    fn the_pods_waiting_longest_go_first() {
+        let t0 = Instant::now();
+        let mut p = Planner::new(t0);
+        let pods: Vec<PodTarget> = (1..=3)
+            .map(|i| target(&format!("p{i}"), &format!("10.0.0.{i}")))
+            .collect();
+        p.set_pods(pods, t0);
+        p.probe_all(t0, |_| view(None));
+        let mut served = Vec::new();
+        for i in 0..6u64 {
+            let now = t0 + Duration::from_secs(i + 1);
+            let b = bundle(&format!("b{i}"), false, now);
+            p.set_bundle(b.clone());
+            let PushPlan::Push { pods, .. } = p.pushes(Some(1), Duration::ZERO, now, 1) else {
+                panic!("a push is due");
+            };
+            let (call, _) = &pods[0];
+            served.push(call.key.clone());
+            p.pushed(
+                &call.key,
+                call.ticket,
+                &hash(&b),
+                applied("runtime"),
+                now,
+                "n",
+            );
+        }
+        assert_eq!(
+            served,
+            ["ing/p1", "ing/p2", "ing/p3", "ing/p1", "ing/p2", "ing/p3"]
+        );
+    }
+
     /// The rate limit counts per pod: a pod that joins later gets the current bundle at once,
     /// and the wait of one pod is not another's.
     #[test]
@@ -919,6 +1148,34 @@ mod tests {
         );
         p.probe_all(t1, |_| view(None));
         assert_eq!(keys(&p.due(Some(1), min, t1)), ["ing/c"]);
+        // a reloaded at t0, b (which joined later) at t0 + 3 s: a may reload again at
+        // t0 + 5 s, b at t0 + 8 s.
+        let mut q = Planner::new(t0);
+        q.set_pods(vec![target("a", "10.0.0.1")], t0);
+        q.probe_all(t0, |_| view(None));
+        let r1 = bundle("r1", true, t0);
+        q.set_bundle(r1.clone());
+        q.push_all(&r1, t0, applied("reload"));
+        let t3 = t0 + Duration::from_secs(3);
+        q.set_pods(vec![target("a", "10.0.0.1"), target("b", "10.0.0.2")], t3);
+        q.probe_all(t3, |_| view(None));
+        let due = q.due(Some(1), min, t3);
+        assert_eq!(keys(&due), ["ing/b"]);
+        q.pushed(
+            "ing/b",
+            due["ing/b"].0,
+            &hash(&r1),
+            applied("reload"),
+            t3,
+            "t3",
+        );
+        let r2 = bundle("r2", true, t3);
+        q.set_bundle(r2);
+        assert!(q.due(Some(1), min, t3).is_empty());
+        let t5 = t0 + min;
+        let due = q.due(Some(1), min, t5);
+        assert_eq!(keys(&due), ["ing/a"]);
+        assert_eq!(q.next_wake(IDLE * 100, t5), Duration::from_secs(3));
     }
 
     /// A pod whose agent is slow to answer (a hung node, a reload that takes long) holds back
@@ -1379,7 +1636,7 @@ mod tests {
             t0,
             "t0",
         );
-        q.pods.get_mut("ing/b").unwrap().in_flight = None;
+        q.pushed("ing/b", due["ing/b"].0, "h", applied("runtime"), t0, "t0");
         q.new_term(t0);
         let probes = q.probes(
             t0 + Duration::from_millis(1),
