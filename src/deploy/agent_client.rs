@@ -120,7 +120,7 @@ impl AgentClient {
         // The head and the body go out as separate writes (TLS records): without this,
         // Nagle's algorithm could hold the body for the agent's delayed ACK.
         tcp.set_nodelay(true).map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + timeout;
+        let timed = Timed::new(tcp, timeout);
         let context = |e: String| format!("{method} {path} to {addr}: {e}");
         match &self.transport {
             Transport::Tls(tls) => {
@@ -128,11 +128,8 @@ impl AgentClient {
                 let name = ServerName::try_from(tls.server_name.clone())
                     .map_err(|e| format!("server name {}: {e}", tls.server_name))?;
                 let conn = ClientConnection::new(config, name).map_err(|e| e.to_string())?;
-                let mut stream = Timed {
-                    inner: StreamOwned::new(conn, tcp),
-                    deadline,
-                    timeout,
-                };
+                // Under TLS: every socket read and write of a record or the handshake counts.
+                let mut stream = StreamOwned::new(conn, timed);
                 exchange(&mut stream, &tls.server_name, method, path, headers, body)
                     .map_err(context)
             }
@@ -147,11 +144,7 @@ impl AgentClient {
                 );
                 let mut all: Vec<(&str, String)> = headers.to_vec();
                 all.push(("Authorization", format!("Basic {credentials}")));
-                let mut stream = Timed {
-                    inner: tcp,
-                    deadline,
-                    timeout,
-                };
+                let mut stream = timed;
                 // An IPv6 pod address is bracketed in Host (RFC 9110, as in a URL).
                 let host = match ip {
                     std::net::IpAddr::V6(v6) => format!("[{v6}]"),
@@ -163,47 +156,47 @@ impl AgentClient {
     }
 }
 
-/// A stream whose reads and writes all end by one deadline, `deploymentTimeout` after the
-/// call began: a socket timeout per read or write alone would let an agent that trickles its
-/// answer keep the call, and its pod, busy for as long as it likes.
-struct Timed<S> {
-    inner: S,
+/// A socket whose reads and writes end by a deadline: `deploymentTimeout` to send the request
+/// (the TLS handshake included), then `deploymentTimeout` for the answer (the agent checks and
+/// reloads meanwhile). A socket timeout per read or write alone would let an agent that
+/// trickles its bytes keep the call, and its pod, busy for as long as it likes.
+struct Timed {
+    sock: TcpStream,
     deadline: Instant,
     timeout: Duration,
+    answering: bool,
 }
 
-trait OverTcp {
-    fn tcp(&self) -> &TcpStream;
-}
-
-impl OverTcp for TcpStream {
-    fn tcp(&self) -> &TcpStream {
-        self
+impl Timed {
+    fn new(sock: TcpStream, timeout: Duration) -> Timed {
+        Timed {
+            sock,
+            deadline: Instant::now() + timeout,
+            timeout,
+            answering: false,
+        }
     }
-}
 
-impl OverTcp for StreamOwned<ClientConnection, TcpStream> {
-    fn tcp(&self) -> &TcpStream {
-        &self.sock
-    }
-}
-
-impl<S: OverTcp> Timed<S> {
-    /// Gives the next socket operation the time left (TLS reads may write, and writes read).
+    /// Gives the next socket operation the time left.
     fn arm(&self) -> std::io::Result<()> {
         let left = self.deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(self.late());
         }
-        self.inner.tcp().set_read_timeout(Some(left))?;
-        self.inner.tcp().set_write_timeout(Some(left))
+        self.sock.set_read_timeout(Some(left))?;
+        self.sock.set_write_timeout(Some(left))
     }
 
     fn late(&self) -> std::io::Error {
+        let what = if self.answering {
+            "no complete answer"
+        } else {
+            "the request was not sent"
+        };
         std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             format!(
-                "no complete answer within deploymentTimeout ({} s)",
+                "{what} within deploymentTimeout ({} s)",
                 self.timeout.as_secs_f64()
             ),
         )
@@ -218,30 +211,46 @@ impl<S: OverTcp> Timed<S> {
     }
 }
 
-impl<S: Read + OverTcp> Read for Timed<S> {
+impl Read for Timed {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         self.arm()?;
-        let r = self.inner.read(buf);
+        let r = self.sock.read(buf);
         self.checked(r)
     }
 }
 
-impl<S: Write + OverTcp> Write for Timed<S> {
+impl Write for Timed {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.arm()?;
-        let r = self.inner.write(buf);
+        let r = self.sock.write(buf);
         self.checked(r)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.arm()?;
-        let r = self.inner.flush();
-        self.checked(r)
+        self.sock.flush()
+    }
+}
+
+/// A stream whose answer gets a deadline of its own once the request is sent.
+trait Answering {
+    fn await_answer(&mut self);
+}
+
+impl Answering for Timed {
+    fn await_answer(&mut self) {
+        self.deadline = Instant::now() + self.timeout;
+        self.answering = true;
+    }
+}
+
+impl Answering for StreamOwned<ClientConnection, Timed> {
+    fn await_answer(&mut self) {
+        self.sock.await_answer();
     }
 }
 
 /// Writes one request and reads the whole response (the agent closes after answering).
-fn exchange<S: Read + Write>(
+fn exchange<S: Read + Write + Answering>(
     stream: &mut S,
     host: &str,
     method: &str,
@@ -266,6 +275,7 @@ fn exchange<S: Read + Write>(
         .and_then(|_| stream.write_all(body))
         .and_then(|_| stream.flush())
         .map_err(|e| e.to_string())?;
+    stream.await_answer();
     let mut raw = Vec::new();
     let mut chunk = [0u8; 16 * 1024];
     loop {
@@ -383,6 +393,74 @@ mod tests {
             "{error}"
         );
         // Without the deadline the call lasts as long as the trickle (30 s).
+        assert!(took < Duration::from_secs(15), "{took:?}");
+    }
+
+    /// The same over mutual TLS, trickling inside the handshake: the deadline holds for every
+    /// socket read under the TLS layer, not once per record.
+    #[test]
+    fn a_peer_trickling_a_tls_handshake_does_not_hold_a_call_past_its_timeout() {
+        let dir =
+            std::env::temp_dir().join(format!("haptic-agent-client-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let status = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+            ])
+            .args(["-nodes", "-days", "1", "-subj", "/CN=haptic-controller"])
+            .arg("-keyout")
+            .arg(dir.join("tls.key"))
+            .arg("-out")
+            .arg(dir.join("tls.crt"))
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl (scripts/test.sh installs it)");
+        assert!(status.success());
+        std::fs::copy(dir.join("tls.crt"), dir.join("ca.crt")).unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let server = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut stream, _) = listener.accept().unwrap();
+                // A handshake record header announcing 16 kB, then its bytes one by one.
+                let _ = stream.write_all(b"\x16\x03\x03\x40\x00");
+                for _ in 0..150 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed)
+                        || stream.write_all(b"\x00").is_err()
+                    {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+        };
+        let client = AgentClient::new(
+            Transport::Tls(AgentTls {
+                dir: dir.clone(),
+                server_name: "haptic-agent".into(),
+            }),
+            port,
+            Duration::from_secs(1),
+        );
+        let started = Instant::now();
+        let answer = client.request("127.0.0.1", "GET", "/v1/state", &[], None);
+        let took = started.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        server.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let error = answer.expect_err("the handshake never completes");
+        assert!(
+            error.contains("the request was not sent within deploymentTimeout (1 s)"),
+            "{error}"
+        );
+        // Without the deadline under TLS the call lasts as long as the trickle (30 s).
         assert!(took < Duration::from_secs(15), "{took:?}");
     }
 

@@ -421,6 +421,7 @@ impl Deployer {
                 }
             }
         }
+        self.after_turn(plan, calls);
         *crate::lock(&self.status) = plan.statuses(Instant::now());
     }
 
@@ -448,10 +449,15 @@ impl Deployer {
             return;
         };
         let hash = current.hash.as_str();
-        // Once per bundle, on the leader: a pod that joins, or is repaired, hours later is not
-        // a change that took hours to deploy.
-        if self.leadership.epoch().is_none() || plan.admitted() == 0 || !plan.newly_everywhere(hash)
-        {
+        // Once per bundle (a pod that joins, or is repaired, hours later is not a change that
+        // took hours to deploy), and only a bundle this replica pushed as the leader: one a
+        // standby finds everywhere when it takes over, or after a restart, was deployed by
+        // another.
+        if plan.admitted() == 0 || !plan.newly_everywhere(hash) {
+            return;
+        }
+        let pushed_here = calls.first_push.as_ref().is_some_and(|(h, _)| h == hash);
+        if self.leadership.epoch().is_none() || !pushed_here {
             return;
         }
         let latency = current.first_change.elapsed();
@@ -460,10 +466,10 @@ impl Deployer {
             [],
             latency.as_secs_f64(),
         );
-        let pushing = match &calls.first_push {
-            Some((h, at)) if h == hash => at.elapsed().as_millis(),
-            _ => 0,
-        };
+        let pushing = calls
+            .first_push
+            .as_ref()
+            .map_or(0, |(_, at)| at.elapsed().as_millis());
         log::info!(
             "bundle={} applied to all {} admitted pods in {pushing} ms (change to deployed {} ms)",
             &hash[..12.min(hash.len())],
@@ -835,17 +841,19 @@ mod tests {
         );
     }
 
+    /// A deployer running on its own thread, and what the tests see of it.
+    struct Running {
+        tx: crossbeam_channel::Sender<DeployMsg>,
+        metrics: Registry,
+        status: Arc<Mutex<Vec<PodStatus>>>,
+        handle: std::thread::JoinHandle<()>,
+    }
+
     /// A deployer for `fakes`, leading without election, on its own thread.
-    fn deployer(
-        fakes: &FakeAgents,
-        max_parallel: usize,
-    ) -> (
-        crossbeam_channel::Sender<DeployMsg>,
-        Registry,
-        std::thread::JoinHandle<()>,
-    ) {
+    fn deployer(fakes: &FakeAgents, max_parallel: usize) -> Running {
         let (tx, rx) = crossbeam_channel::unbounded();
         let metrics = Registry::default();
+        let status = Arc::new(Mutex::new(Vec::new()));
         let d = Deployer {
             client: Arc::new(AgentClient::new(
                 agent_client::Transport::BasicAuth {
@@ -865,12 +873,17 @@ mod tests {
             })),
             metrics: metrics.clone(),
             inbox: rx,
-            status: Arc::new(Mutex::new(Vec::new())),
+            status: status.clone(),
         };
         let handle = std::thread::spawn(move || d.run());
         tx.send(DeployMsg::Pods(fakes.targets())).unwrap();
         tx.send(DeployMsg::Release(0)).unwrap();
-        (tx, metrics, handle)
+        Running {
+            tx,
+            metrics,
+            status,
+            handle,
+        }
     }
 
     fn bundle(text: &str) -> Arc<Published> {
@@ -908,7 +921,12 @@ mod tests {
         for (limit, together, salt) in [(1, 1, 1u8), (2, 2, 2), (0, 5, 3)] {
             let fakes = FakeAgents::start(5, salt);
             *crate::lock(&fakes.shared.together) = together;
-            let (tx, metrics, handle) = deployer(&fakes, limit);
+            let Running {
+                tx,
+                metrics,
+                handle,
+                ..
+            } = deployer(&fakes, limit);
             let b = bundle(&format!("global\n# limit {limit}\n"));
             *crate::lock(&fakes.shared.pushing) = b.hash.as_str().to_string();
             tx.send(DeployMsg::Bundle(b.clone())).unwrap();
@@ -926,5 +944,40 @@ mod tests {
                 "limit {limit}: one wave"
             );
         }
+    }
+
+    /// A leader that finds its bundle already on every pod (a takeover, a restart) pushes
+    /// nothing and records no change-to-deployed sample: another replica deployed it, and
+    /// the time since this one first saw the change says nothing about that.
+    #[test]
+    fn a_bundle_found_everywhere_is_not_a_deployment_of_ours() {
+        let fakes = FakeAgents::start(3, 4);
+        let b = bundle("global\n# deployed by another leader\n");
+        for ip in &fakes.ips {
+            crate::lock(&fakes.shared.applied).insert(ip.clone(), b.hash.as_str().to_string());
+        }
+        let Running {
+            tx,
+            metrics,
+            status,
+            handle,
+        } = deployer(&fakes, 0);
+        tx.send(DeployMsg::Bundle(b.clone())).unwrap();
+        // The status is written after each turn's checks: once it shows every pod on the
+        // bundle, the decision has been made.
+        wait_until("every pod known to run the bundle", || {
+            let pods = crate::lock(&status);
+            pods.len() == 3
+                && pods
+                    .iter()
+                    .all(|p| p.admitted && p.applied_bundle.as_deref() == Some(b.hash.as_str()))
+        });
+        tx.send(DeployMsg::Shutdown).unwrap();
+        handle.join().unwrap();
+        assert_eq!(
+            series(&metrics, "haptic_change_to_deployed_seconds_count"),
+            0.0
+        );
+        assert_eq!(series(&metrics, "haptic_deployment_total"), 0.0);
     }
 }

@@ -148,6 +148,8 @@ struct Departed {
     ip: String,
     incarnation: String,
     in_flight: Option<InFlight>,
+    applied: Option<String>,
+    synced_gen: Option<u64>,
     last_reload_push: Option<Instant>,
     since: Instant,
 }
@@ -246,6 +248,18 @@ pub(crate) struct Planner {
 /// The longest a new term's pushes wait for the reconciler (a slow API server or render).
 pub(crate) const TAKEOVER_HOLD: Duration = Duration::from_secs(15);
 
+/// The part of a pod's incarnation that is HAProxy's: the pod's uid and the restart counts of
+/// its containers other than the agent's (whose restarts leave HAProxy running).
+fn haproxy_incarnation(incarnation: &str) -> String {
+    let (uid, restarts) = incarnation.split_once(' ').unwrap_or((incarnation, ""));
+    let agent = format!("{}=", super::pods::AGENT_CONTAINER);
+    let others: Vec<&str> = restarts
+        .split(',')
+        .filter(|c| !c.starts_with(&agent))
+        .collect();
+    format!("{uid} {}", others.join(","))
+}
+
 fn key_of(target: &PodTarget) -> String {
     format!("{}/{}", target.namespace, target.name)
 }
@@ -340,7 +354,10 @@ impl Planner {
             match bundle {
                 None => pod.synced_gen = None,
                 Some(b) if Some(b) == current => pod.synced_gen = Some(gen),
-                Some(_) => {}
+                // What we pushed last: as far as it got.
+                Some(b) if Some(b) == pod.applied.as_deref() => {}
+                // A bundle someone else pushed (another leader, a hand): unknown.
+                Some(_) => pod.synced_gen = None,
             }
         }
     }
@@ -389,12 +406,21 @@ impl Planner {
             .collect();
         for key in gone {
             if let Some(pod) = self.pods.remove(&key) {
+                // Gone twice before an earlier call ended: that call is still the one under
+                // way to this address.
+                let earlier = self
+                    .departed
+                    .remove(&key)
+                    .filter(|d| d.ip == pod.status.ip)
+                    .and_then(|d| d.in_flight);
                 self.departed.insert(
                     key,
                     Departed {
                         ip: pod.status.ip,
                         incarnation: pod.incarnation,
-                        in_flight: pod.in_flight,
+                        in_flight: pod.in_flight.or(earlier),
+                        applied: pod.applied,
+                        synced_gen: pod.synced_gen,
                         last_reload_push: pod.last_reload_push,
                         since: now,
                     },
@@ -414,13 +440,18 @@ impl Planner {
                 *entry = PodState::new(&target, now);
             } else if entry.incarnation != target.incarnation {
                 // A container restarted (or the pod was recreated under its name and IP):
-                // what it runs is asked again now (once a call under way has ended). Its new
-                // HAProxy has no older workers for the reload rate limit to spare.
+                // what it runs is asked again now (once a call under way has ended). A new
+                // HAProxy has no older workers for the reload rate limit to spare; the agent
+                // alone restarting leaves HAProxy and its workers as they were.
+                if haproxy_incarnation(&entry.incarnation)
+                    != haproxy_incarnation(&target.incarnation)
+                {
+                    entry.synced_gen = None;
+                    entry.last_reload_push = None;
+                }
                 entry.incarnation = target.incarnation.clone();
                 entry.known = false;
                 entry.next_attempt = now;
-                entry.synced_gen = None;
-                entry.last_reload_push = None;
                 entry.void_call();
             }
             // Back under the same IP: the call still under way stays its one call (its answer
@@ -428,8 +459,14 @@ impl Planner {
             if let Some(d) = self.departed.remove(&key) {
                 if d.ip == entry.status.ip && entry.in_flight.is_none() {
                     entry.in_flight = d.in_flight.map(|f| InFlight { void: true, ..f });
-                    if d.incarnation == entry.incarnation {
-                        entry.last_reload_push = entry.last_reload_push.max(d.last_reload_push);
+                    // The same HAProxy: what it was pushed, and when it last reloaded.
+                    if haproxy_incarnation(&d.incarnation)
+                        == haproxy_incarnation(&entry.incarnation)
+                        && entry.last_reload_push.is_none()
+                    {
+                        entry.applied = d.applied;
+                        entry.synced_gen = d.synced_gen;
+                        entry.last_reload_push = d.last_reload_push;
                     }
                 } else if d.in_flight.is_some() {
                     self.departed.insert(key, d);
@@ -1042,6 +1079,77 @@ mod tests {
         assert_eq!(q.due(Some(1), min, t1).len(), 2);
     }
 
+    /// A reload-class bundle that arrives while a push is under way is still owed after that
+    /// push is applied (the pod caught up with the reloads before the push, not this one), and
+    /// so is everything after a push answered by a bundle we did not push (409).
+    #[test]
+    fn reloads_that_came_during_a_push_or_from_elsewhere_are_still_owed() {
+        let t0 = Instant::now();
+        let min = Duration::from_secs(5);
+        let mut p = admitted(t0);
+        let r0 = bundle("r0", true, t0);
+        p.set_bundle(r0.clone());
+        p.push_all(&r0, t0, applied("reload"));
+        let t1 = t0 + Duration::from_secs(1);
+        let x = bundle("x", false, t1);
+        p.set_bundle(x.clone());
+        let due = p.due(Some(1), min, t1);
+        assert_eq!(due.len(), 2, "runtime-only: not held");
+        p.set_bundle(bundle("r1", true, t1));
+        for (key, (ticket, _)) in &due {
+            p.pushed(key, *ticket, &hash(&x), applied("runtime"), t1, "t1");
+        }
+        assert!(p.due(Some(1), min, t1).is_empty(), "r1 waits for t0 + 5 s");
+        assert_eq!(p.due(Some(1), min, t0 + min).len(), 2);
+        // A 409 naming a bundle someone else pushed: what it takes to reach ours is unknown.
+        let mut q = admitted(t0);
+        q.set_bundle(r0.clone());
+        q.push_all(&r0, t0, applied("reload"));
+        q.set_bundle(x.clone());
+        let due = q.due(Some(1), min, t1);
+        let stale = Outcome::Stale {
+            current: Some("theirs".into()),
+        };
+        q.pushed("ing/a", due["ing/a"].0, &hash(&x), stale, t1, "t1");
+        q.pushed(
+            "ing/b",
+            due["ing/b"].0,
+            &hash(&x),
+            applied("runtime"),
+            t1,
+            "t1",
+        );
+        assert!(
+            q.due(Some(1), min, t1).is_empty(),
+            "a's retry reloads: held"
+        );
+        assert_eq!(keys(&q.due(Some(1), min, t0 + min)), ["ing/a"]);
+    }
+
+    /// An answer that comes while its pod is away frees it: back, it is probed at once.
+    #[test]
+    fn an_answer_while_a_pod_is_away_frees_it() {
+        let t0 = Instant::now();
+        let mut p = admitted(t0);
+        let b1 = bundle("one", false, t0);
+        p.set_bundle(b1.clone());
+        let due = p.due(Some(1), Duration::ZERO, t0);
+        p.set_pods(vec![target("b", "10.0.0.2")], t0);
+        let note = p.pushed(
+            "ing/a",
+            due["ing/a"].0,
+            &hash(&b1),
+            applied("runtime"),
+            t0,
+            "t0",
+        );
+        assert_eq!(note, Note::Quiet);
+        p.set_pods(vec![target("a", "10.0.0.1"), target("b", "10.0.0.2")], t0);
+        let probes = p.probes(t0, MINUTE, ALL);
+        assert_eq!(probes.len(), 1);
+        assert_eq!(probes[0].0.key, "ing/a");
+    }
+
     /// A pod that leaves the targets while a call to it is under way (its agent stopped
     /// answering its readiness probe) and comes back under the same IP is not called twice at
     /// once, and its last reload push still counts; a restarted container is not held back.
@@ -1076,7 +1184,22 @@ mod tests {
         let b2 = bundle("two", true, t1);
         p.set_bundle(b2);
         assert!(p.due(Some(1), min, t1).is_empty());
-        assert_eq!(keys(&p.due(Some(1), min, t0 + min)), ["ing/a", "ing/b"]);
+        // The agent's container alone restarting leaves HAProxy and its reload as they were.
+        let mut agent_restarted = target("a", "10.0.0.1");
+        agent_restarted.incarnation = "uid haproxy=0,haptic-agent=1".into();
+        let t2 = t0 + min;
+        let r3 = bundle("three", true, t2);
+        let due = p.due(Some(1), min, t2);
+        assert_eq!(keys(&due), ["ing/a", "ing/b"]);
+        for (key, (ticket, _)) in due {
+            let b2 = hash(p.current.as_ref().unwrap());
+            p.pushed(&key, ticket, &b2, applied("reload"), t2, "t2");
+        }
+        p.set_pods(vec![agent_restarted, target("b", "10.0.0.2")], t2);
+        p.set_bundle(r3);
+        assert_eq!(p.probe_all(t2, |_| view(Some("unknown"))).len(), 1);
+        assert!(p.due(Some(1), min, t2 + Duration::from_secs(1)).is_empty());
+        assert_eq!(p.due(Some(1), min, t2 + min).len(), 2);
         // A restarted container (HAProxy on its bootstrap configuration) is not held back.
         let mut q = admitted(t0);
         let b1 = bundle("one", true, t0);
