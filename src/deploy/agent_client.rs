@@ -348,6 +348,41 @@ mod tests {
         assert!(parse_response(b"garbage").is_none());
     }
 
+    /// Calls a peer on loopback that sends `first`, then `each` every 200 ms (for at most
+    /// 30 s, so that a regression fails the test instead of hanging it), through `transport`
+    /// with a 1 s `deploymentTimeout`: the call's answer and how long it took.
+    fn call_a_trickling_peer(
+        transport: Transport,
+        first: &'static [u8],
+        each: &'static [u8],
+    ) -> (Result<Reply, String>, Duration) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let server = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let (mut stream, _) = listener.accept().unwrap();
+                let _ = stream.write_all(first);
+                for _ in 0..150 {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed)
+                        || stream.write_all(each).is_err()
+                    {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+        };
+        let client = AgentClient::new(transport, port, Duration::from_secs(1));
+        let started = Instant::now();
+        let answer = client.request("127.0.0.1", "GET", "/v1/state", &[], None);
+        let took = started.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        server.join().unwrap();
+        (answer, took)
+    }
+
     /// An agent that trickles its answer (a byte every 200 ms, forever) does not hold the call
     /// past `deploymentTimeout`: each read alone would wait less than the timeout.
     #[test]
@@ -357,35 +392,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("username"), "haptic\n").unwrap();
         std::fs::write(dir.join("password"), "pw\n").unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let server = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let (mut stream, _) = listener.accept().unwrap();
-                let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n");
-                // Bounded, so that a regression fails the test instead of hanging it.
-                for _ in 0..150 {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed)
-                        || stream.write_all(b"x").is_err()
-                    {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            })
-        };
-        let client = AgentClient::new(
+        let (answer, took) = call_a_trickling_peer(
             Transport::BasicAuth { dir: dir.clone() },
-            port,
-            Duration::from_secs(1),
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n",
+            b"x",
         );
-        let started = Instant::now();
-        let answer = client.request("127.0.0.1", "GET", "/v1/state", &[], None);
-        let took = started.elapsed();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        server.join().unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         let error = answer.expect_err("the trickle never completes");
         assert!(
@@ -404,15 +415,15 @@ mod tests {
             std::env::temp_dir().join(format!("haptic-agent-client-tls-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let status = std::process::Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec"])
             .args([
-                "req",
-                "-x509",
-                "-newkey",
-                "ec",
                 "-pkeyopt",
                 "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-days",
+                "1",
             ])
-            .args(["-nodes", "-days", "1", "-subj", "/CN=haptic-controller"])
+            .args(["-subj", "/CN=haptic-controller"])
             .arg("-keyout")
             .arg(dir.join("tls.key"))
             .arg("-out")
@@ -422,38 +433,13 @@ mod tests {
             .expect("openssl (scripts/test.sh installs it)");
         assert!(status.success());
         std::fs::copy(dir.join("tls.crt"), dir.join("ca.crt")).unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let server = {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let (mut stream, _) = listener.accept().unwrap();
-                // A handshake record header announcing 16 kB, then its bytes one by one.
-                let _ = stream.write_all(b"\x16\x03\x03\x40\x00");
-                for _ in 0..150 {
-                    if stop.load(std::sync::atomic::Ordering::Relaxed)
-                        || stream.write_all(b"\x00").is_err()
-                    {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            })
+        let tls = AgentTls {
+            dir: dir.clone(),
+            server_name: "haptic-agent".into(),
         };
-        let client = AgentClient::new(
-            Transport::Tls(AgentTls {
-                dir: dir.clone(),
-                server_name: "haptic-agent".into(),
-            }),
-            port,
-            Duration::from_secs(1),
-        );
-        let started = Instant::now();
-        let answer = client.request("127.0.0.1", "GET", "/v1/state", &[], None);
-        let took = started.elapsed();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        server.join().unwrap();
+        // A handshake record header announcing 16 kB, then its bytes one by one.
+        let (answer, took) =
+            call_a_trickling_peer(Transport::Tls(tls), b"\x16\x03\x03\x40\x00", b"\x00");
         std::fs::remove_dir_all(&dir).unwrap();
         let error = answer.expect_err("the handshake never completes");
         assert!(
